@@ -1,0 +1,96 @@
+"""Thin Ray actors around a Shard (with its gRPC server) and a Worker.
+
+The actors hold no training logic: they build the plain objects of `ps/` and
+`workers/` on their node and call them. Heavy set-up happens in a method,
+not in `__init__`, so that its error (a missing data set, say) reaches the
+driver as the original towerps exception rather than as a dead actor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import ray
+
+
+def _node_record(role: str, index: int) -> dict:
+    context = ray.get_runtime_context()
+    return {
+        "role": role,
+        "index": index,
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": context.get_node_id(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+@ray.remote
+class ShardActor:
+    """One PS shard and the gRPC server in front of it, bound to the node's address."""
+
+    def __init__(self, index: int):
+        self._index = index
+        self._shard = None
+        self._server = None
+
+    def start(self, variables: dict, optimizer: str, lr: float, num_workers: int) -> dict:
+        """Build the shard, start its server; returns where it landed and its address."""
+        from towerps.ps import Shard, create_server, make_optimizer
+
+        self._shard = Shard(self._index, variables, make_optimizer(optimizer, lr), num_workers)
+        host = ray.util.get_node_ip_address()
+        # Each worker may hold a Push and a waiting Pull at once.
+        self._server, port = create_server(
+            self._shard, f"{host}:0", max_workers=max(16, 4 * num_workers)
+        )
+        record = _node_record("ps", self._index)
+        record["address"] = f"{host}:{port}"
+        record["parameter_bytes"] = self._shard.parameter_bytes
+        return record
+
+    def stop(self) -> None:
+        if self._shard is not None:
+            self._shard.close()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait()
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a worker actor needs to build its data set, model and client."""
+
+    dataset: str
+    data_dir: str | None
+    model: str
+    seed: int
+    addresses: tuple[str, ...]
+    placement: dict
+
+
+@ray.remote
+class WorkerActor:
+    """One worker: its data set, its tower and its client to every shard."""
+
+    def __init__(self, rank: int):
+        self._rank = rank
+        self._worker = None
+
+    def setup(self, spec, job: WorkerJob) -> dict:
+        from towerps.workers import PSClient, Tower, Worker, build_model, load_dataset
+        from towerps.workers.models import model_input_shape
+
+        dataset = load_dataset(
+            job.dataset, job.data_dir, input_shape=model_input_shape(job.model), seed=job.seed
+        )
+        model = build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed)
+        client = PSClient(list(job.addresses), job.placement)
+        self._worker = Worker(spec, dataset, Tower(model), client)
+        record = _node_record("worker", self._rank)
+        record["devices"] = [self._worker.tower.device]
+        return record
+
+    def run(self, start_step: int = 0):
+        return self._worker.run(start_step)

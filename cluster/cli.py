@@ -1,0 +1,85 @@
+"""The `towerps` command line.
+
+    towerps train --dataset fashion_mnist --num-workers 2 --num-ps 2 \\
+        --batch-size 128 --steps 1000
+
+Flags become one TrainConfig here (validated at once); errors of towerps
+print as one line naming the problem and the fix, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from towerps.errors import TowerpsError
+
+# Choices are repeated here (not imported) so that `towerps --help` and a
+# mistyped flag answer without importing TensorFlow; tests/unit/test_cli.py
+# checks that they agree with the packages that own them.
+DATASETS = ("fashion_mnist", "cifar10", "synthetic")
+MODELS = ("mlp", "cnn", "cifar10_cnn")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+MODES = ("sync",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="towerps", description="Parameter-server training of Keras models on Ray."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train a model (a local Ray cluster by default)")
+    add = train.add_argument
+    add("--dataset", choices=DATASETS, default="fashion_mnist")
+    add("--data-dir", default=None, help="where to look for / put the data set")
+    add("--model", choices=MODELS, default=None, help="default: chosen by the data set")
+    add("--mode", choices=MODES, default="sync")
+    add("--num-workers", type=int, default=2, help="worker actors (default 2)")
+    add("--num-ps", type=int, default=2, help="parameter-server shard actors (default 2)")
+    add("--batch-size", type=int, default=128, help="the GLOBAL batch of one step (default 128)")
+    add("--steps", type=int, default=1000)
+    add("--optimizer", choices=OPTIMIZERS, default="adam")
+    add("--lr", type=float, default=None, help="default: sgd 0.1, momentum 0.05, adam 0.001")
+    add("--seed", type=int, default=0)
+    add("--address", default=None, help="Ray cluster to join (host:port or auto); default: start a local one")
+    add("--run-dir", default=None, help="where results go (default: runs/<time>-<mode>-<dataset>)")
+    add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from towerps.cluster.config import TrainConfig
+        from towerps.cluster.driver import train
+
+        config = TrainConfig(
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            model=args.model,
+            mode=args.mode,
+            num_workers=args.num_workers,
+            num_ps=args.num_ps,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            seed=args.seed,
+            address=args.address,
+            run_dir=args.run_dir,
+            log_every=args.log_every,
+        )
+        summary = train(config)
+    except TowerpsError as err:
+        print(f"towerps: error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"test accuracy {summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f}) after "
+        f"{summary['steps']} steps, {summary['examples_per_s']:,.0f} examples/s; "
+        f"results in {summary['run_dir']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

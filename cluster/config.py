@@ -1,0 +1,81 @@
+"""The configuration of a training job, built once at the entry point.
+
+`TrainConfig` is frozen and validated in `__post_init__`: a bad value raises
+ConfigError naming the value and the fix, before Ray or any actor starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from towerps.errors import ConfigError
+from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
+from towerps.workers.data import DATASETS
+from towerps.workers.models import DEFAULT_MODEL, MODELS
+
+MODES = ("sync",)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    dataset: str = "fashion_mnist"
+    data_dir: str | None = None
+    model: str | None = None  # None: the data set's default model
+    mode: str = "sync"
+    num_workers: int = 2
+    num_ps: int = 2
+    batch_size: int = 128  # the GLOBAL batch of one step, split across workers
+    steps: int = 1000
+    optimizer: str = "adam"
+    lr: float | None = None  # None: the optimizer's default
+    seed: int = 0
+    address: str | None = None  # None: start a local Ray cluster
+    run_dir: str | None = None  # None: runs/<timestamp>
+    log_every: int = 10  # steps between metrics.jsonl records
+    pull_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        _choice("--dataset", self.dataset, DATASETS)
+        if self.model is not None:
+            _choice("--model", self.model, MODELS)
+        _choice("--mode", self.mode, MODES)
+        _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        for flag, value in (
+            ("--num-workers", self.num_workers),
+            ("--num-ps", self.num_ps),
+            ("--batch-size", self.batch_size),
+            ("--steps", self.steps),
+            ("--log-every", self.log_every),
+        ):
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {value}")
+        if self.batch_size % self.num_workers:
+            raise ConfigError(
+                f"--batch-size {self.batch_size} is the global batch and must split evenly "
+                f"over --num-workers {self.num_workers}; use a multiple of {self.num_workers} "
+                f"(e.g. {self.batch_size - self.batch_size % self.num_workers or self.num_workers})"
+            )
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if self.pull_timeout_s <= 0:
+            raise ConfigError(f"pull_timeout_s must be positive, got {self.pull_timeout_s}")
+
+    @property
+    def model_name(self) -> str:
+        return self.model or DEFAULT_MODEL[self.dataset]
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+    def resolved_run_dir(self, now: str) -> str:
+        return self.run_dir or os.path.join("runs", f"{now}-{self.mode}-{self.dataset}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} {value!r} is not known; choose one of {', '.join(choices)}")

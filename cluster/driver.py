@@ -1,0 +1,201 @@
+"""The driver: start shards and workers, watch them train, evaluate, save.
+
+    from towerps.cluster import TrainConfig, train
+    summary = train(TrainConfig(dataset="fashion_mnist", steps=1000))
+
+Steps of a run:
+ 1. load the data set and build the model here (a bad flag or a missing data
+    set fails now, before any actor starts); place variables on shards;
+ 2. start one ShardActor per shard (each serves gRPC on its node's address)
+    and one WorkerActor per worker, and check they can be placed;
+ 3. run the workers; meanwhile poll the shards' step log for the progress
+    bar and metrics.jsonl; a worker that fails stops the run at once;
+ 4. pull the final parameters, evaluate on the test set, write model.keras
+    and summary.json into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+
+import ray
+from tqdm import tqdm
+
+from towerps import __version__
+from towerps.cluster.actors import ShardActor, WorkerActor, WorkerJob
+from towerps.cluster.config import TrainConfig
+from towerps.cluster.session import check_resources, ray_session
+from towerps.errors import ClusterError, TowerpsError
+from towerps.ps.placement import place_variables, shard_bytes
+from towerps.workers import PSClient, Tower, WorkerSpec, build_model, load_dataset
+from towerps.workers.models import model_input_shape
+
+POLL_S = 0.5  # how often the driver reads the step log while workers run
+
+
+def train(config: TrainConfig, progress: bool | None = None) -> dict:
+    """Run one training job to the end; returns the summary (also written to disk).
+
+    Blocks until done. Raises TowerpsError subclasses with a message naming
+    the problem; actors are stopped whatever happens. `progress=None` shows a
+    progress bar only on a terminal.
+    """
+    run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(run_dir, exist_ok=True)
+    model_name = config.model_name
+    dataset = load_dataset(
+        config.dataset, config.data_dir, input_shape=model_input_shape(model_name), seed=config.seed
+    )
+    model = build_model(model_name, dataset.input_shape, dataset.num_classes, config.seed)
+    tower = Tower(model)
+    initial = tower.get_weights()
+    variable_bytes = tower.variable_bytes()
+    placement = place_variables(variable_bytes, config.num_ps)
+
+    t_start = time.time()
+    with ray_session(config.address, num_cpus=config.num_workers + config.num_ps):
+        check_resources({"CPU": config.num_workers + config.num_ps})
+        shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(config.num_ps)]
+        workers = [WorkerActor.options(num_cpus=1).remote(r) for r in range(config.num_workers)]
+        try:
+            shard_records = _get(
+                [
+                    s.start.remote(
+                        {n: initial[n] for n, k2 in placement.items() if k2 == k},
+                        config.optimizer,
+                        config.learning_rate,
+                        config.num_workers,
+                    )
+                    for k, s in enumerate(shards)
+                ]
+            )
+            addresses = tuple(r["address"] for r in shard_records)
+            job = WorkerJob(config.dataset, config.data_dir, model_name, config.seed, addresses, placement)
+            worker_records = _get(
+                [w.setup.remote(_worker_spec(config, r), job) for r, w in enumerate(workers)]
+            )
+            startup_s = time.time() - t_start
+            with PSClient(list(addresses), placement) as client:
+                t_train = time.time()
+                reports, steps_log = _watch(config, workers, client, run_dir, t_train, progress)
+                wall_s = time.time() - t_train
+                version, params = client.pull(min_version=config.steps, timeout_s=60.0)
+                counters = client.status(since_version=config.steps)
+        finally:
+            for actor in shards:
+                _stop_quietly(actor)
+            for actor in workers + shards:
+                ray.kill(actor)
+
+    tower.set_weights(params)
+    x_test, y_test = dataset.test_arrays()
+    test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=1024, verbose=0)
+    model.save(os.path.join(run_dir, "model.keras"))
+    summary = {
+        "towerps_version": __version__,
+        "mode": config.mode,
+        "dataset": config.dataset,
+        "model": model_name,
+        "optimizer": config.optimizer,
+        "lr": config.learning_rate,
+        "seed": config.seed,
+        "steps": version,
+        "global_batch_size": config.batch_size,
+        "num_workers": config.num_workers,
+        "num_ps": config.num_ps,
+        "num_parameters": int(sum(variable_bytes.values()) // 4),
+        "shard_bytes": shard_bytes(variable_bytes, placement),
+        "startup_s": startup_s,
+        "wall_s": wall_s,
+        "examples_per_s": version * config.batch_size / wall_s,
+        "final_train_loss": steps_log[-1]["loss"] if steps_log else None,
+        "test_loss": float(test_loss),
+        "test_accuracy": float(test_accuracy),
+        "pushes_duplicate": sum(c.pushes_duplicate for c in counters),
+        "pushes_rejected": sum(c.pushes_rejected for c in counters),
+        "placement": shard_records + worker_records,
+        "worker_time_s": [
+            {"rank": r.rank, "pull": r.pull_s, "compute": r.compute_s, "push": r.push_s}
+            for r in reports
+        ],
+        "run_dir": run_dir,
+        "config": config.to_dict(),
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def _worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
+    return WorkerSpec(
+        rank=rank,
+        num_workers=config.num_workers,
+        global_batch_size=config.batch_size,
+        steps=config.steps,
+        seed=config.seed,
+        pull_timeout_s=config.pull_timeout_s,
+    )
+
+
+def _watch(config, workers, client, run_dir, t_train, progress):
+    """Run every worker to the end, logging the shards' steps as they apply.
+
+    Returns (worker reports, logged metric records). A failing worker raises
+    here at once; the caller stops the rest.
+    """
+    pending = {w.run.remote(): w for w in workers}
+    done: dict = {}
+    logged: list[dict] = []
+    last = (0, t_train)  # (version, time) of the previous metrics record
+    seen = 0
+    bar = tqdm(total=config.steps, unit="step", disable=None if progress is None else not progress)
+    with bar, open(os.path.join(run_dir, "metrics.jsonl"), "w") as metrics:
+        while pending or seen < config.steps:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S) if pending else ([], [])
+            for ref in ready:
+                done[ref] = _get([ref])[0]
+                del pending[ref]
+            # Shard 0 sees every step; its records carry the step's mean loss.
+            for record in client.status(since_version=seen)[0].steps:
+                seen = record.version
+                bar.update(1)
+                if seen % config.log_every and seen != config.steps:
+                    continue
+                rate = config.batch_size * (seen - last[0]) / max(record.applied_at_s - last[1], 1e-9)
+                entry = {
+                    "step": seen,
+                    "loss": record.loss,
+                    "examples_per_s": rate,
+                    "wall_s": record.applied_at_s - t_train,
+                }
+                last = (seen, record.applied_at_s)
+                logged.append(entry)
+                metrics.write(json.dumps(entry) + "\n")
+                bar.set_postfix(loss=f"{record.loss:.4f}", ex_per_s=f"{rate:,.0f}")
+            if not pending and seen < config.steps:
+                raise ClusterError(
+                    f"every worker finished but the shards reached only step {seen} of {config.steps}"
+                )
+    return sorted(done.values(), key=lambda r: r.rank), logged
+
+
+def _get(refs: list) -> list:
+    """ray.get that re-raises a towerps error from an actor as itself."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, TowerpsError):
+            raise err.cause from None
+        raise
+    except ray.exceptions.RayActorError as err:
+        raise ClusterError(f"an actor of this job died: {err}") from None
+
+
+def _stop_quietly(actor) -> None:
+    try:
+        ray.get(actor.stop.remote(), timeout=10)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        pass  # the actor is gone already; ray.kill follows

@@ -1,0 +1,84 @@
+"""Connecting the driver to Ray: a local cluster, or an existing one.
+
+    with ray_session(address=None, num_cpus=4):   # local: starts and stops Ray
+        ...
+    with ray_session(address="10.0.0.1:6379"):    # joins; leaves it running
+
+A Ray session that is already initialised (a test fixture, a notebook) is
+used as it is and left running.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ray
+
+from towerps.errors import ClusterError
+
+# Actors print through the driver; TensorFlow's C++ start-up chatter is noise.
+ACTOR_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@contextmanager
+def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[None]:
+    if ray.is_initialized():
+        yield
+        return
+    if address:
+        _check_reachable(address)
+        try:
+            ray.init(address=address, runtime_env={"env_vars": ACTOR_ENV}, log_to_driver=True)
+        except ConnectionError as err:
+            raise ClusterError(
+                f"could not join the Ray cluster at {address!r}: {err}. Start one with "
+                "`ray start --head`, pass its address, or omit --address to run locally"
+            ) from None
+    else:
+        # Local mode: logical CPUs may exceed the cores so that every actor
+        # fits; each one is mostly waiting on the others in sync training.
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
+            include_dashboard=False,
+            runtime_env={"env_vars": ACTOR_ENV},
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, with a clear message, when nothing listens at host:port."""
+    if address == "auto":
+        return  # ray.init finds the local cluster or raises ConnectionError
+    host_port = address.split("://", 1)[-1]
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ClusterError(
+            f"--address {address!r} is not host:port (e.g. 10.0.0.1:6379) or 'auto'"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ClusterError(
+            f"no Ray cluster answers at {address!r} ({err}). Check the address "
+            "(`ray status` on the head node prints it), start a cluster with "
+            "`ray start --head`, or omit --address to run locally"
+        ) from None
+
+
+def check_resources(needed: dict[str, float]) -> None:
+    """Raise ClusterError naming what is missing, instead of waiting forever."""
+    total = ray.cluster_resources()
+    missing = {k: v for k, v in needed.items() if total.get(k, 0.0) < v}
+    if missing:
+        have = {k: total.get(k, 0.0) for k in missing}
+        raise ClusterError(
+            f"the Ray cluster cannot place this job: it needs {missing} but has {have} in "
+            "all; add nodes, or ask for fewer workers or PS shards"
+        )

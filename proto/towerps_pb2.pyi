@@ -1,0 +1,145 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    FLOAT16: _ClassVar[DType]
+    BFLOAT16: _ClassVar[DType]
+    FLOAT64: _ClassVar[DType]
+    INT32: _ClassVar[DType]
+    INT64: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+FLOAT32: DType
+FLOAT16: DType
+BFLOAT16: DType
+FLOAT64: DType
+INT32: DType
+INT64: DType
+
+class TensorChunk(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors")
+    WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    worker_rank: int
+    step: int
+    attempt: int
+    num_examples: int
+    loss: float
+    num_tensors: int
+    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: PushHeader
+    chunk: TensorChunk
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("outcome", "version")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[PushReply.Outcome]
+        BUFFERED: _ClassVar[PushReply.Outcome]
+        APPLIED: _ClassVar[PushReply.Outcome]
+        DUPLICATE: _ClassVar[PushReply.Outcome]
+        ALREADY_APPLIED: _ClassVar[PushReply.Outcome]
+    OUTCOME_UNSPECIFIED: PushReply.Outcome
+    BUFFERED: PushReply.Outcome
+    APPLIED: PushReply.Outcome
+    DUPLICATE: PushReply.Outcome
+    ALREADY_APPLIED: PushReply.Outcome
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    outcome: PushReply.Outcome
+    version: int
+    def __init__(self, outcome: _Optional[_Union[PushReply.Outcome, str]] = ..., version: _Optional[int] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("min_version", "timeout_s")
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    min_version: int
+    timeout_s: float
+    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class PullHeader(_message.Message):
+    __slots__ = ("version", "num_tensors")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    num_tensors: int
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ...) -> None: ...
+
+class PullReply(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: PullHeader
+    chunk: TensorChunk
+    def __init__(self, header: _Optional[_Union[PullHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("since_version",)
+    SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    since_version: int
+    def __init__(self, since_version: _Optional[int] = ...) -> None: ...
+
+class StepRecord(_message.Message):
+    __slots__ = ("version", "loss", "num_examples", "applied_at_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    loss: float
+    num_examples: int
+    applied_at_s: float
+    def __init__(self, version: _Optional[int] = ..., loss: _Optional[float] = ..., num_examples: _Optional[int] = ..., applied_at_s: _Optional[float] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps")
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    shard_index: int
+    version: int
+    num_parameters: int
+    parameter_bytes: int
+    pushes_applied: int
+    pushes_duplicate: int
+    pushes_rejected: int
+    steps: _containers.RepeatedCompositeFieldContainer[StepRecord]
+    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ...) -> None: ...

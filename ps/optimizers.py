@@ -1,0 +1,210 @@
+"""Optimizers a parameter-server shard applies to the variables it owns.
+
+Plain numpy, no TensorFlow: a shard is a light CPU process. Each update
+repeats the float32 arithmetic of Keras 3's own optimizer step for step
+(`keras/src/optimizers/sgd.py`, `adam.py`), so that training through the
+shards gives the weights training with Keras would give.
+
+    opt = make_optimizer("adam")              # lr from DEFAULT_LR
+    opt.apply(params, grads)                  # params updated in place
+    checkpoint = opt.state()                  # slots + iterations
+
+Contract of `apply`: it validates every gradient before it touches any
+variable, so a bad push leaves the shard's weights and slots as they were.
+Not thread safe: the shard holds its lock around `apply`, `state` and
+`load_state`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from towerps.errors import BadTensor, ConfigError
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+DEFAULT_LR = {"sgd": 0.1, "momentum": 0.05, "adam": 1e-3}
+
+_F32 = np.float32
+_ITERATIONS_KEY = "iterations"
+
+
+class Optimizer:
+    """Updates numpy float32 variables in place from their gradients.
+
+    Slots (momentum, Adam's moments) are created lazily, zero filled, the
+    first time a variable name is updated. `iterations` counts `apply` calls,
+    as Keras' `optimizer.iterations` counts `apply_gradients` calls.
+    """
+
+    name = "base"
+    slot_names: tuple[str, ...] = ()
+
+    def __init__(self, lr: float):
+        self.lr = _check_lr(self.name, lr)
+        self.iterations = 0
+        # slot name -> variable name -> array shaped like the variable
+        self._slots: dict[str, dict[str, np.ndarray]] = {s: {} for s in self.slot_names}
+
+    def apply(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray],
+              lr_scale: float = 1.0) -> None:
+        """One update of every variable named in `grads`, in place.
+
+        `lr_scale` multiplies the learning rate of this update only (staleness
+        aware async SGD scales down late gradients). Raises BadTensor, before
+        changing anything, if a gradient names no variable or has another shape.
+        """
+        if isinstance(lr_scale, bool) or not isinstance(lr_scale, numbers.Real) \
+                or not math.isfinite(lr_scale) or lr_scale <= 0:
+            raise ConfigError(f"lr_scale={lr_scale!r} must be a finite number > 0")
+        checked = {name: _checked_grad(name, params, g) for name, g in grads.items()}
+        # Keras keeps lr in a float32 variable: round the scaled rate once, the same way.
+        lr = _F32(self.lr * lr_scale)
+        # Slots too are checked (and created) before the first variable changes.
+        slots = {name: {s: self._slot(s, name, g.shape) for s in self.slot_names}
+                 for name, g in checked.items()}
+        for name, grad in checked.items():
+            self._update(params[name], grad, slots[name], lr)
+        self.iterations += 1
+
+    def state(self) -> dict[str, np.ndarray]:
+        """A copy of the slots (keys "<slot>/<variable>") and of `iterations`."""
+        out = {_ITERATIONS_KEY: np.array(self.iterations, dtype=np.int64)}
+        for slot, by_var in self._slots.items():
+            for var, arr in by_var.items():
+                out[f"{slot}/{var}"] = arr.copy()
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Replace slots and `iterations` with those of `state()` output."""
+        if _ITERATIONS_KEY not in state:
+            raise BadTensor(f"optimizer state has no {_ITERATIONS_KEY!r} entry; "
+                            "pass the dict that Optimizer.state() returned")
+        slots: dict[str, dict[str, np.ndarray]] = {s: {} for s in self.slot_names}
+        for key, arr in state.items():
+            if key == _ITERATIONS_KEY:
+                continue
+            slot, _, var = key.partition("/")
+            if slot not in slots or not var:
+                raise BadTensor(f"optimizer state key {key!r} is not a slot of {self.name!r} "
+                                f"(slots: {self.slot_names}); was it saved by another optimizer?")
+            slots[slot][var] = np.array(arr, dtype=_F32)  # a copy: the caller keeps its arrays
+        self._slots = slots
+        self.iterations = int(state[_ITERATIONS_KEY])
+
+    def _slot(self, slot: str, var: str, shape: tuple) -> np.ndarray:
+        arr = self._slots[slot].get(var)
+        if arr is None:
+            arr = self._slots[slot][var] = np.zeros(shape, dtype=_F32)
+        elif arr.shape != shape:
+            raise BadTensor(f"slot {slot}/{var} has shape {arr.shape} but the gradient has "
+                            f"{shape}; the optimizer state belongs to another model")
+        return arr
+
+    def _update(self, w: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray],
+                lr: np.float32) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lr={self.lr}, iterations={self.iterations})"
+
+
+class SGD(Optimizer):
+    """w -= lr * g"""
+
+    name = "sgd"
+
+    def _update(self, w, g, slots, lr):
+        w -= g * lr
+
+
+class Momentum(Optimizer):
+    """Keras SGD(momentum=0.9, nesterov=False): m = 0.9*m - lr*g; w += m."""
+
+    name = "momentum"
+    slot_names = ("momentum",)
+
+    def __init__(self, lr: float, momentum: float = 0.9):
+        super().__init__(lr)
+        self.momentum = momentum
+
+    def _update(self, w, g, slots, lr):
+        m = slots["momentum"]
+        m *= _F32(self.momentum)
+        m -= g * lr
+        w += m
+
+
+class Adam(Optimizer):
+    """Keras 3 Adam (amsgrad off), in Keras' order of operations:
+
+        alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)     t = iterations + 1
+        m += (g - m) * (1 - beta_1)
+        v += (g*g - v) * (1 - beta_2)
+        w -= (m * alpha) / (sqrt(v) + epsilon)
+
+    The bias correction sits in `alpha` and epsilon is added to the
+    uncorrected sqrt(v): this is the paper's "epsilon hat", not Algorithm 1.
+    """
+
+    name = "adam"
+    slot_names = ("m", "v")
+
+    def __init__(self, lr: float, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-7):
+        super().__init__(lr)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def _update(self, w, g, slots, lr):
+        m, v = slots["m"], slots["v"]
+        t = _F32(self.iterations + 1)
+        one = _F32(1)
+        # float32 scalars throughout, as Keras casts every constant to the variable dtype.
+        alpha = lr * np.sqrt(one - _F32(self.beta_2) ** t) / (one - _F32(self.beta_1) ** t)
+        tmp = np.subtract(g, m)                   # g - m
+        tmp *= _F32(1 - self.beta_1)
+        m += tmp
+        np.square(g, out=tmp)                     # g*g - v
+        tmp -= v
+        tmp *= _F32(1 - self.beta_2)
+        v += tmp
+        np.sqrt(v, out=tmp)                       # denominator
+        tmp += _F32(self.epsilon)
+        step = m * alpha
+        step /= tmp
+        w -= step
+
+
+_CLASSES = {cls.name: cls for cls in (SGD, Momentum, Adam)}
+
+
+def make_optimizer(name: str, lr: float | None = None) -> Optimizer:
+    """The optimizer called `name` (one of OPTIMIZERS); lr None → DEFAULT_LR[name]."""
+    if name not in _CLASSES:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+    return _CLASSES[name](DEFAULT_LR[name] if lr is None else lr)
+
+
+def _check_lr(name: str, lr) -> float:
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) \
+            or not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(f"learning rate lr={lr!r} for optimizer {name!r} must be a finite "
+                          f"number > 0 (default {DEFAULT_LR.get(name)})")
+    return float(lr)
+
+
+def _checked_grad(name: str, params: dict[str, np.ndarray], grad) -> np.ndarray:
+    """`grad` as a float32 array, after checking it against variable `name`."""
+    if name not in params:
+        raise BadTensor(f"gradient for unknown variable {name!r}; this shard holds "
+                        f"{sorted(params)[:10]}{' ...' if len(params) > 10 else ''}")
+    var, grad = params[name], np.asarray(grad)
+    if grad.shape != var.shape:
+        raise BadTensor(f"gradient {name!r} has shape {grad.shape}, variable has {var.shape}")
+    if var.dtype != _F32:
+        raise BadTensor(f"variable {name!r} is {var.dtype}; shard variables must be float32")
+    if not np.issubdtype(grad.dtype, np.floating):
+        raise BadTensor(f"gradient {name!r} is {grad.dtype}; send a float32 array")
+    return grad.astype(_F32, copy=False)

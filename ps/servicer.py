@@ -1,0 +1,101 @@
+"""The gRPC face of a Shard: decode, call the shard, encode, map errors.
+
+    server, port = create_server(shard, "127.0.0.1:0")
+    ...
+    server.stop(grace=1.0)
+
+Errors leave as status codes that clients branch on: a malformed or
+mismatched tensor is INVALID_ARGUMENT, a push for a future step
+FAILED_PRECONDITION, a pull past its deadline DEADLINE_EXCEEDED, a shard
+that is closing UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.proto import towerps_pb2 as pb
+from towerps.proto import towerps_pb2_grpc as pb_grpc
+from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DUPLICATE, Shard
+from towerps.wire import GRPC_OPTIONS, pull_messages, read_push
+
+_OUTCOMES = {
+    BUFFERED: pb.PushReply.BUFFERED,
+    APPLIED: pb.PushReply.APPLIED,
+    DUPLICATE: pb.PushReply.DUPLICATE,
+    ALREADY_APPLIED: pb.PushReply.ALREADY_APPLIED,
+}
+
+
+class ParameterServerServicer(pb_grpc.ParameterServerServicer):
+    def __init__(self, shard: Shard):
+        self._shard = shard
+
+    def Push(self, request_iterator, context):
+        try:
+            header, grads = read_push(request_iterator, self._shard.specs)
+            result = self._shard.push(
+                header.worker_rank, header.step, grads, header.num_examples, header.loss
+            )
+        except BadTensor as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except StepMismatch as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        return pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
+
+    def Pull(self, request, context):
+        # Never wait past the caller's own deadline.
+        timeout_s = request.timeout_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout_s = min(timeout_s, remaining)
+        try:
+            version, params = self._shard.pull(request.min_version, timeout_s)
+        except PullTimeout as err:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
+        except ShardUnavailable as err:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        yield from pull_messages(version, params)
+
+    def Status(self, request, context):
+        version, stats = self._shard.stats(request.since_version)
+        return pb.StatusReply(
+            shard_index=self._shard.index,
+            version=version,
+            num_parameters=self._shard.num_parameters,
+            parameter_bytes=self._shard.parameter_bytes,
+            pushes_applied=stats.pushes_applied,
+            pushes_duplicate=stats.pushes_duplicate,
+            pushes_rejected=stats.pushes_rejected,
+            steps=[
+                pb.StepRecord(
+                    version=s.version,
+                    loss=s.loss,
+                    num_examples=s.num_examples,
+                    applied_at_s=s.applied_at_s,
+                )
+                for s in stats.steps
+            ],
+        )
+
+
+def create_server(shard: Shard, address: str = "127.0.0.1:0", max_workers: int = 16):
+    """Start a gRPC server for `shard` on `address` (port 0: any free port).
+
+    Returns (server, port). Each in-flight Push or Pull holds one of
+    `max_workers` threads (a Pull waiting for the next version included), so
+    it must exceed twice the number of workers talking to this shard.
+    """
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="shard"),
+        options=GRPC_OPTIONS,
+    )
+    pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(shard), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise ShardUnavailable(f"could not bind a gRPC server to {address}")
+    server.start()
+    return server, port

@@ -1,0 +1,131 @@
+import threading
+
+import numpy as np
+import pytest
+
+from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.ps.optimizers import make_optimizer
+from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DUPLICATE, Shard
+
+pytestmark = pytest.mark.unit
+
+
+def make_shard(num_workers=2, lr=0.5):
+    variables = {"w": np.array([1.0, 2.0], np.float32), "b": np.zeros((2, 2), np.float32)}
+    return Shard(0, variables, make_optimizer("sgd", lr), num_workers)
+
+
+def grads(value):
+    return {"w": np.full(2, value, np.float32), "b": np.full((2, 2), value, np.float32)}
+
+
+def test_step_applies_once_all_workers_pushed_with_example_weighted_average():
+    shard = make_shard(num_workers=2, lr=0.5)
+    assert shard.push(0, 0, grads(1.0), num_examples=1, loss=1.0).outcome == BUFFERED
+    assert shard.version == 0
+    result = shard.push(1, 0, grads(4.0), num_examples=3, loss=2.0)
+    assert (result.outcome, result.version) == (APPLIED, 1)
+    # mean gradient = (1*1 + 3*4) / 4 = 3.25; sgd lr 0.5
+    version, params = shard.pull(1, timeout_s=1.0)
+    assert version == 1
+    np.testing.assert_allclose(params["w"], [1.0 - 1.625, 2.0 - 1.625])
+    _, stats = shard.stats()
+    assert stats.steps[0].loss == pytest.approx((1.0 * 1 + 2.0 * 3) / 4)
+    assert stats.steps[0].num_examples == 4
+
+
+def test_repeated_push_is_applied_once():
+    shard = make_shard(num_workers=2)
+    shard.push(0, 0, grads(1.0), 1)
+    assert shard.push(0, 0, grads(100.0), 1).outcome == DUPLICATE
+    shard.push(1, 0, grads(1.0), 1)
+    assert shard.push(1, 0, grads(100.0), 1).outcome == ALREADY_APPLIED
+    _, params = shard.pull(1, timeout_s=1.0)
+    np.testing.assert_allclose(params["w"], [0.5, 1.5])
+    _, stats = shard.stats()
+    assert (stats.pushes_applied, stats.pushes_duplicate) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"w": np.zeros(3, np.float32), "b": np.zeros((2, 2), np.float32)}, "expected dtype float32 shape \\(2,\\)"),
+        ({"w": np.zeros(2, np.float64), "b": np.zeros((2, 2), np.float32)}, "got dtype float64"),
+        ({"w": np.zeros(2, np.float32)}, "missing \\['b'\\]"),
+        ({**grads(1.0), "extra": np.zeros(1, np.float32)}, "not held here \\['extra'\\]"),
+    ],
+)
+def test_mismatched_push_is_refused_and_changes_nothing(bad, error):
+    shard = make_shard(num_workers=1)
+    _, before = shard.pull(0, timeout_s=1.0)
+    with pytest.raises(BadTensor, match=error):
+        shard.push(0, 0, bad, 1)
+    assert shard.version == 0
+    # The buffer is untouched too: a good push now applies exactly its own gradient.
+    shard.push(0, 0, grads(1.0), 1)
+    _, after = shard.pull(1, timeout_s=1.0)
+    np.testing.assert_allclose(after["w"], before["w"] - 0.5)
+    assert shard.stats()[1].pushes_rejected == 1
+
+
+def test_push_for_a_future_step_or_unknown_worker_is_refused():
+    shard = make_shard(num_workers=2)
+    with pytest.raises(StepMismatch, match="pull version 3 before pushing"):
+        shard.push(0, 3, grads(1.0), 1)
+    with pytest.raises(BadTensor, match="worker_rank 2 is outside 0..1"):
+        shard.push(2, 0, grads(1.0), 1)
+    with pytest.raises(BadTensor, match="num_examples"):
+        shard.push(0, 0, grads(1.0), 0)
+    assert shard.version == 0
+
+
+def test_pull_waits_for_the_version_and_wakes_when_the_step_applies():
+    shard = make_shard(num_workers=1)
+    got = {}
+    started = threading.Event()
+
+    def puller():
+        started.set()
+        got["result"] = shard.pull(1, timeout_s=30.0)
+
+    thread = threading.Thread(target=puller)
+    thread.start()
+    assert started.wait(5.0)
+    assert "result" not in got
+    shard.push(0, 0, grads(1.0), 1)
+    thread.join(timeout=30.0)
+    assert not thread.is_alive()
+    assert got["result"][0] == 1
+
+
+def test_pull_past_its_deadline_says_who_is_missing():
+    shard = make_shard(num_workers=2)
+    shard.push(0, 0, grads(1.0), 1)
+    with pytest.raises(PullTimeout, match="1 of 2 workers have pushed"):
+        shard.pull(1, timeout_s=0.01)
+
+
+def test_pulled_snapshot_does_not_change_when_the_next_step_applies():
+    shard = make_shard(num_workers=1)
+    _, snapshot = shard.pull(0, timeout_s=1.0)
+    with pytest.raises(ValueError):
+        snapshot["w"][0] = 5.0
+    shard.push(0, 0, grads(1.0), 1)
+    np.testing.assert_array_equal(snapshot["w"], [1.0, 2.0])
+
+
+def test_close_wakes_waiting_pulls():
+    shard = make_shard(num_workers=1)
+    errors = []
+
+    def puller():
+        try:
+            shard.pull(5, timeout_s=60.0)
+        except ShardUnavailable as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=puller)
+    thread.start()
+    shard.close()
+    thread.join(timeout=30.0)
+    assert len(errors) == 1

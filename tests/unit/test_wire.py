@@ -1,0 +1,100 @@
+import ml_dtypes
+import numpy as np
+import pytest
+
+from towerps.errors import BadTensor
+from towerps.proto import towerps_pb2 as pb
+from towerps.wire import (
+    CHUNK_BYTES,
+    TensorSpec,
+    decode_tensors,
+    encode_tensors,
+    push_messages,
+    read_push,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_round_trip_of_every_dtype_and_odd_shapes():
+    rng = np.random.default_rng(0)
+    tensors = {
+        "f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "f16": rng.standard_normal(7).astype(np.float16),
+        "bf16": rng.standard_normal((2, 2)).astype(ml_dtypes.bfloat16),
+        "f64": rng.standard_normal(()).astype(np.float64),
+        "i32": np.arange(10, dtype=np.int32),
+        "i64": np.arange(4, dtype=np.int64).reshape(2, 2),
+        "empty": np.zeros((0, 3), dtype=np.float32),
+    }
+    out = decode_tensors(encode_tensors(tensors))
+    assert list(out) == list(tensors)
+    for name, array in tensors.items():
+        assert out[name].dtype == array.dtype
+        assert out[name].shape == array.shape
+        np.testing.assert_array_equal(out[name], array)
+
+
+def test_a_tensor_over_4_mib_travels_in_chunks_of_at_most_1_mib():
+    # The classic CIFAR-10 CNN's local3 weights: 2304 x 384 float32.
+    weights = np.random.default_rng(1).standard_normal((2304, 384)).astype(np.float32)
+    chunks = list(encode_tensors({"local3/kernel": weights}))
+    assert weights.nbytes == 3_538_944
+    assert len(chunks) == -(-weights.nbytes // CHUNK_BYTES)
+    assert max(len(c.data) for c in chunks) == CHUNK_BYTES
+    assert max(c.ByteSize() for c in chunks) < CHUNK_BYTES + 1024
+    np.testing.assert_array_equal(decode_tensors(chunks)["local3/kernel"], weights)
+
+
+def test_decoded_arrays_are_writable_and_not_views_of_the_source():
+    source = np.ones(4, dtype=np.float32)
+    out = decode_tensors(encode_tensors({"w": source}))["w"]
+    out += 1
+    np.testing.assert_array_equal(source, np.ones(4, dtype=np.float32))
+
+
+def _chunk(**fields):
+    base = dict(name="w", dtype=pb.FLOAT32, shape=[2], offset=0, data=b"\0" * 8)
+    base.update(fields)
+    return pb.TensorChunk(**base)
+
+
+@pytest.mark.parametrize(
+    "chunks, message",
+    [
+        ([_chunk(data=b"\0" * 12)], "hold only 8"),
+        ([_chunk(data=b"\0" * 4)], "ended after 4 of 8"),
+        ([_chunk(data=b"\0" * 4), _chunk(offset=0, data=b"\0" * 4)], "in order"),
+        ([_chunk(dtype=99)], "unknown wire dtype"),
+        ([_chunk(shape=[-2])], "negative dimension"),
+        ([_chunk(data=b"\0" * 4), _chunk(offset=4, shape=[3], data=b"\0" * 4)], "disagree"),
+    ],
+)
+def test_malformed_streams_are_refused(chunks, message):
+    with pytest.raises(BadTensor, match=message):
+        decode_tensors(chunks)
+
+
+def test_expected_specs_refuse_wrong_name_dtype_and_shape_at_the_first_chunk():
+    expected = {"w": TensorSpec(np.dtype(np.float32), (2,))}
+    with pytest.raises(BadTensor, match="not held here"):
+        decode_tensors([_chunk(name="v")], expected)
+    with pytest.raises(BadTensor, match="expected dtype float32 shape \\(2,\\)"):
+        decode_tensors([_chunk(shape=[1, 2])], expected)
+    with pytest.raises(BadTensor, match="expected dtype float32"):
+        decode_tensors([_chunk(dtype=pb.FLOAT64, data=b"\0" * 16)], expected)
+
+
+def test_push_stream_round_trip_and_tensor_count_check():
+    grads = {"a": np.arange(3, dtype=np.float32), "b": np.ones((2, 2), np.float32)}
+    header = pb.PushHeader(worker_rank=1, step=7, num_examples=64, loss=0.5, num_tensors=2)
+    expected = {n: TensorSpec(g.dtype, g.shape) for n, g in grads.items()}
+    got_header, got = read_push(push_messages(header, grads), expected)
+    assert (got_header.worker_rank, got_header.step, got_header.num_examples) == (1, 7, 64)
+    np.testing.assert_array_equal(got["b"], grads["b"])
+
+    header.num_tensors = 3
+    with pytest.raises(BadTensor, match="announced 3 tensors but carried 2"):
+        read_push(push_messages(header, grads), expected)
+    with pytest.raises(BadTensor, match="must start with a PushHeader"):
+        read_push(list(push_messages(header, grads))[1:], expected)
