@@ -64,6 +64,7 @@ class WorkerJob:
 
     dataset: str
     data_dir: str | None
+    download: bool
     model: str
     seed: int
     addresses: tuple[str, ...]
@@ -83,7 +84,11 @@ class WorkerActor:
         from towerps.workers.models import model_input_shape
 
         dataset = load_dataset(
-            job.dataset, job.data_dir, input_shape=model_input_shape(job.model), seed=job.seed
+            job.dataset,
+            job.data_dir,
+            input_shape=model_input_shape(job.model),
+            download=job.download,
+            seed=job.seed,
         )
         model = build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed)
         client = PSClient(list(job.addresses), job.placement)

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = train.add_argument
     add("--dataset", choices=DATASETS, default="fashion_mnist")
     add("--data-dir", default=None, help="where to look for / put the data set")
+    add("--no-download", dest="download", action="store_false",
+        help="never download a missing data set (fail with where to get it)")
     add("--model", choices=MODELS, default=None, help="default: chosen by the data set")
     add("--mode", choices=MODES, default="sync")
     add("--num-workers", type=int, default=2, help="worker actors (default 2)")
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig(
             dataset=args.dataset,
             data_dir=args.data_dir,
+            download=args.download,
             model=args.model,
             mode=args.mode,
             num_workers=args.num_workers,

@@ -21,6 +21,7 @@ MODES = ("sync",)
 class TrainConfig:
     dataset: str = "fashion_mnist"
     data_dir: str | None = None
+    download: bool = True  # fetch a missing data set where the network allows
     model: str | None = None  # None: the data set's default model
     mode: str = "sync"
     num_workers: int = 2

@@ -47,7 +47,11 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     model_name = config.model_name
     dataset = load_dataset(
-        config.dataset, config.data_dir, input_shape=model_input_shape(model_name), seed=config.seed
+        config.dataset,
+        config.data_dir,
+        input_shape=model_input_shape(model_name),
+        download=config.download,
+        seed=config.seed,
     )
     model = build_model(model_name, dataset.input_shape, dataset.num_classes, config.seed)
     tower = Tower(model)
@@ -73,7 +77,10 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
                 ]
             )
             addresses = tuple(r["address"] for r in shard_records)
-            job = WorkerJob(config.dataset, config.data_dir, model_name, config.seed, addresses, placement)
+            job = WorkerJob(
+                config.dataset, config.data_dir, config.download, model_name, config.seed,
+                addresses, placement,
+            )
             worker_records = _get(
                 [w.setup.remote(_worker_spec(config, r), job) for r, w in enumerate(workers)]
             )
