@@ -44,7 +44,6 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
     progress bar only on a terminal.
     """
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(run_dir, exist_ok=True)
     model_name = config.model_name
     dataset = load_dataset(
         config.dataset,
@@ -62,6 +61,7 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
     t_start = time.time()
     with ray_session(config.address, num_cpus=config.num_workers + config.num_ps):
         check_resources({"CPU": config.num_workers + config.num_ps})
+        os.makedirs(run_dir, exist_ok=True)
         shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(config.num_ps)]
         workers = [WorkerActor.options(num_cpus=1).remote(r) for r in range(config.num_workers)]
         try:

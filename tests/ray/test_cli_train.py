@@ -1,0 +1,27 @@
+"""The acceptance run, as a user types it: the installed `towerps` script."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TOWERPS = pathlib.Path(sys.executable).parent / "towerps"
+
+
+def test_fashion_mnist_1000_steps_reaches_85_percent(tmp_path):
+    run = subprocess.run(
+        [str(TOWERPS), "train", "--dataset", "fashion_mnist", "--num-workers", "2",
+         "--num-ps", "2", "--batch-size", "128", "--steps", "1000", "--run-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 1000
+    assert summary["test_accuracy"] >= 0.85
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 100
+    assert (tmp_path / "model.keras").is_file()
+    assert f"test accuracy {summary['test_accuracy']:.4f}" in run.stdout

@@ -1,0 +1,65 @@
+"""The CLI's flags and the errors a user sees; none of these start Ray."""
+
+import pytest
+
+from towerps.cluster import cli
+from towerps.cluster.config import MODES, TrainConfig
+from towerps.errors import ConfigError
+from towerps.ps.optimizers import OPTIMIZERS
+from towerps.workers.data import DATASETS
+from towerps.workers.models import MODELS
+
+pytestmark = pytest.mark.unit
+
+
+def test_cli_choices_agree_with_the_packages_that_own_them():
+    assert cli.DATASETS == DATASETS
+    assert cli.MODELS == MODELS
+    assert cli.OPTIMIZERS == OPTIMIZERS
+    assert cli.MODES == MODES
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dataset", "mnist"], "invalid choice: 'mnist'"),
+        (["--model", "resnet"], "invalid choice: 'resnet'"),
+        (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
+        (["--num-workers", "two"], "invalid int value"),
+    ],
+)
+def test_unknown_values_are_refused_by_the_parser(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "127", "--num-workers", "2"], "--batch-size 127 is the global batch"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--lr", "-1"], "--lr must be positive"),
+        (["--address", "127.0.0.1:1"], "no Ray cluster answers at '127.0.0.1:1'"),
+        (["--address", "nonsense"], "is not host:port"),
+        (["--dataset", "cifar10", "--model", "mlp", "--no-download"], "cifar-10-binary.tar.gz"),
+        (["--dataset", "fashion_mnist", "--model", "cifar10_cnn"], "choose a model made for fashion_mnist"),
+        (["--num-ps", "7"], "use --num-ps 6 or fewer"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(capsys, tmp_path, argv, message):
+    code = cli.main(["train", "--dataset", "synthetic", "--data-dir", str(tmp_path),
+                     "--run-dir", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("towerps: error: ")
+    assert message in err
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_config_names_the_fix():
+    with pytest.raises(ConfigError, match="use a multiple of 3"):
+        TrainConfig(batch_size=100, num_workers=3)
+    assert TrainConfig(dataset="cifar10").model_name == "cifar10_cnn"
+    assert TrainConfig(optimizer="sgd").learning_rate == 0.1
