@@ -15,6 +15,22 @@ from dataclasses import dataclass
 import ray
 
 
+def worker_resources(config) -> dict[str, float]:
+    """The Ray resources of one worker actor (and of its placement bundle).
+
+    `config` is a TrainConfig. {"CPU": 1} plus {"GPU": n} when workers hold
+    GPUs; n may be a fraction below 1 (two jobs sharing one GPU). The key is
+    left out at zero: Ray refuses zero-valued bundle entries.
+    """
+    gpus = config.devices.gpus_per_worker
+    return {"CPU": 1.0, "GPU": float(gpus)} if gpus > 0 else {"CPU": 1.0}
+
+
+def actor_options(resources: dict[str, float]) -> dict:
+    """`actor.options(**...)` for a worker_resources() dict."""
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0)}
+
+
 def _node_record(role: str, index: int) -> dict:
     context = ray.get_runtime_context()
     return {
@@ -68,20 +84,29 @@ class WorkerJob:
     model: str
     seed: int
     addresses: tuple[str, ...]
-    placement: dict
+    plan: object  # towerps.ps.placement.PlacementPlan
+    wire_dtype: str
+    devices: object = None  # towerps.workers.devices.DeviceConfig; None: the defaults
 
 
 @ray.remote
 class WorkerActor:
-    """One worker: its data set, its tower and its client to every shard."""
+    """One worker: its data set, its towers (one per device) and its client to every shard."""
 
     def __init__(self, rank: int):
         self._rank = rank
         self._worker = None
 
     def setup(self, spec, job: WorkerJob) -> dict:
-        from towerps.workers import PSClient, Tower, Worker, build_model, load_dataset
+        from towerps.workers import PSClient, Worker, build_model, load_dataset
+        from towerps.workers.devices import DeviceConfig, configure_devices
         from towerps.workers.models import model_input_shape
+        from towerps.workers.towers import TowerGroup
+
+        # Devices first: TensorFlow fixes them when it initialises. A bad
+        # setting (a GPU that is not there) fails here, before any step.
+        config = job.devices or DeviceConfig()
+        devices = configure_devices(config, assigned_gpus=ray.get_gpu_ids())
 
         dataset = load_dataset(
             job.dataset,
@@ -90,12 +115,20 @@ class WorkerActor:
             download=job.download,
             seed=job.seed,
         )
-        model = build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed)
-        client = PSClient(list(job.addresses), job.placement)
-        self._worker = Worker(spec, dataset, Tower(model), client)
+        towers = TowerGroup.build(
+            lambda: build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed),
+            devices, config.tower_balance, slow_tower=config.slow_tower,
+        )
+        client = PSClient(list(job.addresses), job.plan, job.wire_dtype)
+        self._worker = Worker(spec, dataset, towers, client)
         record = _node_record("worker", self._rank)
-        record["devices"] = [self._worker.tower.device]
+        record["devices"] = towers.devices
+        record["ray_gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]
         return record
+
+    def towers(self) -> list[dict]:
+        """Each tower's device, batch share and rows (shares move with `measured`)."""
+        return self._worker.tower.report()
 
     def run(self, start_step: int = 0):
         return self._worker.run(start_step)

@@ -21,6 +21,8 @@ DATASETS = ("fashion_mnist", "cifar10", "synthetic")
 MODELS = ("mlp", "cnn", "cifar10_cnn")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("sync",)
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
+TOWER_BALANCES = ("equal", "measured")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +48,52 @@ def build_parser() -> argparse.ArgumentParser:
     add("--address", default=None, help="Ray cluster to join (host:port or auto); default: start a local one")
     add("--run-dir", default=None, help="where results go (default: runs/<time>-<mode>-<dataset>)")
     add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
+    add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
+        help="dtype of gradients and parameters on the wire; shards still apply in float32")
+    _add_device_flags(train.add_argument_group("devices of each worker (docs/devices.md)"))
     return parser
+
+
+def _add_device_flags(group) -> None:
+    add = group.add_argument
+    add("--gpus-per-worker", type=float, default=0.0,
+        help="Ray num_gpus per worker: one GPU tower per GPU; a fraction below 1 shares a GPU")
+    add("--gpus", type=_int_list, default=None, metavar="I,J",
+        help="which of the worker's visible GPUs get towers (default: all)")
+    add("--cpu-towers", type=int, default=None,
+        help="CPU towers per worker, beside the GPU towers (default: 1 if no GPU, else 0)")
+    add("--cpu-only", action="store_true", help="no GPU towers, even where GPUs are visible")
+    add("--memory-growth", action="store_true", help="GPU memory grows as needed (allow_growth)")
+    add("--gpu-memory-limit-mb", type=int, default=None, help="memory limit of each GPU tower")
+    add("--intra-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    add("--inter-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    add("--no-soft-placement", dest="soft_placement", action="store_false",
+        help="fail on ops that cannot run on the tower's device instead of moving them")
+    add("--log-device-placement", action="store_true", help="log the device of every op")
+    add("--tower-balance", choices=TOWER_BALANCES, default="equal",
+        help="rows per tower: equal, or measured (in proportion to each tower's speed)")
+    add("--slow-tower", default=None, metavar="INDEX:FACTOR",
+        help="TEST ONLY: make tower INDEX FACTOR times slower")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU indices")
+
+
+def _device_config(args):
+    from towerps.workers.devices import DeviceConfig
+
+    return DeviceConfig(
+        gpus_per_worker=args.gpus_per_worker, gpus=args.gpus, cpu_towers=args.cpu_towers,
+        cpu_only=args.cpu_only, memory_growth=args.memory_growth,
+        gpu_memory_limit_mb=args.gpu_memory_limit_mb, intra_op_threads=args.intra_op_threads,
+        inter_op_threads=args.inter_op_threads, soft_placement=args.soft_placement,
+        log_device_placement=args.log_device_placement, tower_balance=args.tower_balance,
+        slow_tower=args.slow_tower,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             address=args.address,
             run_dir=args.run_dir,
             log_every=args.log_every,
+            wire_dtype=args.wire_dtype,
+            devices=_device_config(args),
         )
         summary = train(config)
     except TowerpsError as err:

@@ -7,11 +7,13 @@ ConfigError naming the value and the fix, before Ray or any actor starts.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from towerps.errors import ConfigError
+from towerps.wire import WIRE_DTYPES
 from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
 from towerps.workers.data import DATASETS
+from towerps.workers.devices import DeviceConfig
 from towerps.workers.models import DEFAULT_MODEL, MODELS
 
 MODES = ("sync",)
@@ -34,7 +36,10 @@ class TrainConfig:
     address: str | None = None  # None: start a local Ray cluster
     run_dir: str | None = None  # None: runs/<timestamp>
     log_every: int = 10  # steps between metrics.jsonl records
+    wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
     pull_timeout_s: float = 300.0
+    # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
 
     def __post_init__(self):
         _choice("--dataset", self.dataset, DATASETS)
@@ -42,6 +47,7 @@ class TrainConfig:
             _choice("--model", self.model, MODELS)
         _choice("--mode", self.mode, MODES)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         for flag, value in (
             ("--num-workers", self.num_workers),
             ("--num-ps", self.num_ps),
@@ -61,6 +67,12 @@ class TrainConfig:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
         if self.pull_timeout_s <= 0:
             raise ConfigError(f"pull_timeout_s must be positive, got {self.pull_timeout_s}")
+        towers, rows = self.devices.num_towers(), self.batch_size // self.num_workers
+        if rows < towers:
+            raise ConfigError(
+                f"each worker gets {rows} rows of --batch-size {self.batch_size} but holds "
+                f"{towers} towers; use --batch-size {towers * self.num_workers} or more"
+            )
 
     @property
     def model_name(self) -> str:

@@ -25,11 +25,13 @@ import ray
 from tqdm import tqdm
 
 from towerps import __version__
-from towerps.cluster.actors import ShardActor, WorkerActor, WorkerJob
+from towerps.cluster.actors import (
+    ShardActor, WorkerActor, WorkerJob, actor_options, worker_resources,
+)
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.session import check_resources, ray_session
 from towerps.errors import ClusterError, TowerpsError
-from towerps.ps.placement import place_variables, shard_bytes
+from towerps.ps.placement import plan_placement
 from towerps.workers import PSClient, Tower, WorkerSpec, build_model, load_dataset
 from towerps.workers.models import model_input_shape
 
@@ -56,19 +58,26 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
     tower = Tower(model)
     initial = tower.get_weights()
     variable_bytes = tower.variable_bytes()
-    placement = place_variables(variable_bytes, config.num_ps)
+    plan = plan_placement({n: w.shape for n, w in initial.items()}, config.num_ps)
+    shard_slices = plan.split(initial)
 
     t_start = time.time()
     with ray_session(config.address, num_cpus=config.num_workers + config.num_ps):
-        check_resources({"CPU": config.num_workers + config.num_ps})
+        per_worker = worker_resources(config)
+        needed = {k: v * config.num_workers for k, v in per_worker.items()}
+        needed["CPU"] += config.num_ps
+        check_resources(needed)
         os.makedirs(run_dir, exist_ok=True)
         shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(config.num_ps)]
-        workers = [WorkerActor.options(num_cpus=1).remote(r) for r in range(config.num_workers)]
+        workers = [
+            WorkerActor.options(**actor_options(per_worker)).remote(r)
+            for r in range(config.num_workers)
+        ]
         try:
             shard_records = _get(
                 [
                     s.start.remote(
-                        {n: initial[n] for n, k2 in placement.items() if k2 == k},
+                        shard_slices[k],
                         config.optimizer,
                         config.learning_rate,
                         config.num_workers,
@@ -79,16 +88,17 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
             addresses = tuple(r["address"] for r in shard_records)
             job = WorkerJob(
                 config.dataset, config.data_dir, config.download, model_name, config.seed,
-                addresses, placement,
+                addresses, plan, config.wire_dtype, devices=config.devices,
             )
             worker_records = _get(
                 [w.setup.remote(_worker_spec(config, r), job) for r, w in enumerate(workers)]
             )
             startup_s = time.time() - t_start
-            with PSClient(list(addresses), placement) as client:
+            with PSClient(list(addresses), plan, config.wire_dtype) as client:
                 t_train = time.time()
                 reports, steps_log = _watch(config, workers, client, run_dir, t_train, progress)
                 wall_s = time.time() - t_train
+                towers = _get([w.towers.remote() for w in workers])
                 version, params = client.pull(min_version=config.steps, timeout_s=60.0)
                 counters = client.status(since_version=config.steps)
         finally:
@@ -114,16 +124,20 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
         "num_workers": config.num_workers,
         "num_ps": config.num_ps,
         "num_parameters": int(sum(variable_bytes.values()) // 4),
-        "shard_bytes": shard_bytes(variable_bytes, placement),
+        "shard_bytes": plan.shard_bytes(),
+        "wire_dtype": config.wire_dtype,
         "startup_s": startup_s,
         "wall_s": wall_s,
         "examples_per_s": version * config.batch_size / wall_s,
         "final_train_loss": steps_log[-1]["loss"] if steps_log else None,
         "test_loss": float(test_loss),
         "test_accuracy": float(test_accuracy),
+        "pushes_applied": [c.pushes_applied for c in counters],  # per shard
         "pushes_duplicate": sum(c.pushes_duplicate for c in counters),
         "pushes_rejected": sum(c.pushes_rejected for c in counters),
         "placement": shard_records + worker_records,
+        # Per worker, each tower's device and its share of the worker's rows (at the end).
+        "towers": [{"rank": r, "towers": t} for r, t in enumerate(towers)],
         "worker_time_s": [
             {"rank": r.rank, "pull": r.pull_s, "compute": r.compute_s, "push": r.push_s}
             for r in reports

@@ -83,12 +83,14 @@ class PushReply(_message.Message):
     def __init__(self, outcome: _Optional[_Union[PushReply.Outcome, str]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("min_version", "timeout_s")
+    __slots__ = ("min_version", "timeout_s", "wire_dtype")
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     min_version: int
     timeout_s: float
-    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    wire_dtype: DType
+    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ..., wire_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class PullHeader(_message.Message):
     __slots__ = ("version", "num_tensors")

@@ -1,39 +1,128 @@
-"""Which shard holds which variable.
+"""Which shard holds which variable, or which rows of it.
 
-Greedy by bytes: the largest variable first, each onto the shard holding the
-fewest bytes so far (ties to the lowest index), so the result is the same in
-every process. Both the driver (to build shards) and every worker's client
-(to route gradients) compute it from the same variable list.
+    plan = plan_placement({"local3/kernel": (2304, 384), ...}, num_shards=4)
+    per_shard = plan.split(grads)        # [{slice name: array view}, ...]
+    params = plan.join(pulled_slices)    # {variable: array}
+
+A variable larger than `slice_bytes` is cut along its first axis into
+slices of about `slice_bytes` each (as TensorFlow's min-size partitioner
+does), so that one huge layer does not make one shard the hot spot. The
+slices and the small variables are then placed greedily by bytes: largest
+first, each onto the least-loaded shard (ties to the lowest index), so every
+process that plans the same shapes gets the same plan. By default
+`slice_bytes` is a quarter of a shard's fair share (but at least
+MIN_SLICE_BYTES): small enough for the greedy fill to land within a few
+percent of the mean, large enough that slices stay few.
+
+A slice's wire name is `variable` when it is whole, `variable:i` otherwise.
+Splitting returns views (row slices of C-ordered arrays are contiguous, so
+no bytes are copied); joining copies each sliced variable once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from towerps.errors import ConfigError
+import numpy as np
+
+from towerps.errors import BadTensor, ConfigError
+
+MIN_SLICE_BYTES = 64 * 1024
 
 
-def place_variables(variable_bytes: Mapping[str, int], num_shards: int) -> dict[str, int]:
-    """Map each variable name to a shard index in 0..num_shards-1."""
+@dataclass(frozen=True)
+class Slice:
+    name: str  # the name on the wire and in the shard
+    variable: str
+    start: int  # rows [start, stop) of the variable's first axis
+    stop: int
+    shard: int
+    nbytes: int
+    whole: bool  # the slice is the whole variable
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    num_shards: int
+    slices: tuple[Slice, ...]
+
+    def shard_bytes(self) -> list[int]:
+        load = [0] * self.num_shards
+        for s in self.slices:
+            load[s.shard] += s.nbytes
+        return load
+
+    def names_on(self, shard: int) -> list[str]:
+        return [s.name for s in self.slices if s.shard == shard]
+
+    def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Cut whole-variable tensors into each shard's slices (views, no copies)."""
+        missing = sorted({s.variable for s in self.slices} - set(tensors))
+        unknown = sorted(set(tensors) - {s.variable for s in self.slices})
+        if missing or unknown:
+            raise BadTensor(
+                f"tensors do not match the placement plan: missing {missing}, unknown {unknown}"
+            )
+        per_shard: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_shards)]
+        for s in self.slices:
+            array = tensors[s.variable]
+            per_shard[s.shard][s.name] = array if s.whole else array[s.start:s.stop]
+        return per_shard
+
+    def join(self, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Reassemble whole variables from every slice."""
+        missing = sorted(s.name for s in self.slices if s.name not in parts)
+        if missing:
+            raise BadTensor(f"slices missing from the pulled parameters: {missing}")
+        out: dict[str, np.ndarray] = {}
+        sliced: dict[str, list[Slice]] = {}
+        for s in self.slices:
+            if s.whole:
+                out[s.variable] = parts[s.name]
+            else:
+                sliced.setdefault(s.variable, []).append(s)
+        for variable, slices in sliced.items():
+            slices.sort(key=lambda s: s.start)
+            out[variable] = np.concatenate([parts[s.name] for s in slices], axis=0)
+        return out
+
+
+def plan_placement(
+    shapes: Mapping[str, tuple[int, ...]],
+    num_shards: int,
+    itemsize: int = 4,
+    slice_bytes: int | None = None,
+) -> PlacementPlan:
+    """Slice the large variables and place everything on `num_shards` shards."""
     if num_shards < 1:
         raise ConfigError(f"the number of PS shards must be at least 1, got {num_shards}")
-    if num_shards > len(variable_bytes):
+    sizes = {n: int(np.prod(s, dtype=np.int64)) * itemsize for n, s in shapes.items()}
+    if slice_bytes is None:
+        # One shard holds everything: slicing would only add names.
+        fair_share = sum(sizes.values()) / num_shards
+        slice_bytes = max(MIN_SLICE_BYTES, int(fair_share / 4)) if num_shards > 1 else None
+    slice_bytes = slice_bytes or max(sizes.values(), default=1)
+    pieces = []  # (nbytes, name, variable, start, stop, whole)
+    for name, shape in shapes.items():
+        rows = shape[0] if shape else 1
+        count = min(rows, max(1, -(-sizes[name] // slice_bytes)))
+        if count == 1:
+            pieces.append((sizes[name], name, name, 0, rows, True))
+            continue
+        row_bytes = sizes[name] // rows  # (rows, ...) C-ordered: rows are contiguous
+        bounds = np.linspace(0, rows, count + 1).round().astype(int)
+        for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+            pieces.append((int(stop - start) * row_bytes, f"{name}:{i}", name, int(start), int(stop), False))
+    if num_shards > len(pieces):
         raise ConfigError(
-            f"{num_shards} PS shards for a model with {len(variable_bytes)} variables "
-            f"would leave shards empty; use --num-ps {len(variable_bytes)} or fewer"
+            f"{num_shards} PS shards for a model that cuts into only {len(pieces)} pieces "
+            f"would leave shards empty; use --num-ps {len(pieces)} or fewer"
         )
     load = [0] * num_shards
-    placement = {}
-    for name in sorted(variable_bytes, key=lambda n: (-variable_bytes[n], n)):
+    slices = []
+    for nbytes, name, variable, start, stop, whole in sorted(pieces, key=lambda p: (-p[0], p[1])):
         shard = min(range(num_shards), key=lambda k: (load[k], k))
-        placement[name] = shard
-        load[shard] += variable_bytes[name]
-    return placement
-
-
-def shard_bytes(variable_bytes: Mapping[str, int], placement: Mapping[str, int]) -> list[int]:
-    """Bytes held by each shard under `placement`."""
-    load = [0] * (max(placement.values(), default=-1) + 1)
-    for name, shard in placement.items():
-        load[shard] += variable_bytes[name]
-    return load
+        load[shard] += nbytes
+        slices.append(Slice(name, variable, start, stop, shard, nbytes, whole))
+    return PlacementPlan(num_shards, tuple(slices))

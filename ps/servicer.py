@@ -20,7 +20,7 @@ from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatc
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DUPLICATE, Shard
-from towerps.wire import GRPC_OPTIONS, pull_messages, read_push
+from towerps.wire import GRPC_OPTIONS, pull_messages, pull_wire_dtype, read_push
 
 _OUTCOMES = {
     BUFFERED: pb.PushReply.BUFFERED,
@@ -53,12 +53,15 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         if remaining is not None:
             timeout_s = min(timeout_s, remaining)
         try:
+            wire_dtype = pull_wire_dtype(request.wire_dtype)
             version, params = self._shard.pull(request.min_version, timeout_s)
+        except BadTensor as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except PullTimeout as err:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
         except ShardUnavailable as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        yield from pull_messages(version, params)
+        yield from pull_messages(version, params, wire_dtype)
 
     def Status(self, request, context):
         version, stats = self._shard.stats(request.since_version)

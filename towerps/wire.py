@@ -57,7 +57,16 @@ def spec_of(array: np.ndarray) -> TensorSpec:
     return TensorSpec(array.dtype, tuple(array.shape))
 
 
-def wire_dtype(dtype: np.dtype) -> int:
+# Compact dtypes a float32 tensor may travel in (gradients and parameters);
+# receivers widen them back to float32 before any arithmetic.
+WIRE_DTYPES = {
+    "float32": np.dtype("<f4"),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype("<f2"),
+}
+
+
+def wire_code(dtype: np.dtype) -> int:
     try:
         return _TO_WIRE[np.dtype(dtype).newbyteorder("<")]
     except KeyError:
@@ -67,26 +76,42 @@ def wire_dtype(dtype: np.dtype) -> int:
         ) from None
 
 
+def dtype_of(code: int) -> np.dtype:
+    try:
+        return _FROM_WIRE[code]
+    except KeyError:
+        raise BadTensor(f"unknown wire dtype code {code}") from None
+
+
 def encode_tensors(
-    tensors: Mapping[str, np.ndarray], chunk_bytes: int = CHUNK_BYTES
+    tensors: Mapping[str, np.ndarray],
+    chunk_bytes: int = CHUNK_BYTES,
+    wire_dtype: np.dtype | None = None,
 ) -> Iterator[pb.TensorChunk]:
-    """Yield the chunks of every tensor, tensor after tensor, in order."""
+    """Yield the chunks of every tensor, tensor after tensor, in order.
+
+    With `wire_dtype`, floating-point tensors are cast to it chunk by chunk,
+    so the cast and the copy into the message are one pass.
+    """
     for name, array in tensors.items():
-        code = wire_dtype(array.dtype)
+        dtype = array.dtype
+        if wire_dtype is not None and dtype.kind == "f":
+            dtype = np.dtype(wire_dtype)
+        dtype = dtype.newbyteorder("<")
+        code = wire_code(dtype)
         flat = np.ascontiguousarray(array).reshape(-1)
-        if flat.dtype.byteorder == ">":
-            flat = flat.astype(flat.dtype.newbyteorder("<"))
-        raw = memoryview(flat.view(np.uint8))
+        step = max(1, chunk_bytes // dtype.itemsize)
         shape = list(array.shape)
         # A tensor with no elements still sends one (empty) chunk so the
         # receiver learns its name, dtype and shape.
-        for offset in range(0, max(len(raw), 1), chunk_bytes):
+        for start in range(0, max(flat.size, 1), step):
+            piece = flat[start:start + step].astype(dtype, copy=False)
             yield pb.TensorChunk(
                 name=name,
                 dtype=code,
                 shape=shape,
-                offset=offset,
-                data=bytes(raw[offset:offset + chunk_bytes]),
+                offset=start * dtype.itemsize,
+                data=piece.tobytes(),
             )
 
 
@@ -94,8 +119,9 @@ class TensorAssembler:
     """Rebuilds tensors from chunks, checking each chunk as it arrives.
 
     With `expected`, a tensor whose name, dtype or shape differs is refused
-    at its first chunk, before any byte is copied. Not thread-safe: one
-    assembler per stream.
+    at its first chunk, before any byte is copied; a float32 tensor may
+    arrive in a compact WIRE_DTYPES dtype and is widened to float32 by
+    `finish`. Not thread-safe: one assembler per stream.
     """
 
     def __init__(self, expected: Mapping[str, TensorSpec] | None = None):
@@ -109,7 +135,7 @@ class TensorAssembler:
         if name not in self._buffers:
             self._start(chunk)
         spec = self._specs[name]
-        if chunk.dtype != wire_dtype(spec.dtype) or tuple(chunk.shape) != spec.shape:
+        if chunk.dtype != wire_code(spec.dtype) or tuple(chunk.shape) != spec.shape:
             raise BadTensor(f"tensor {name!r}: chunks disagree on dtype or shape")
         done = self._received[name]
         if chunk.offset != done:
@@ -140,7 +166,8 @@ class TensorAssembler:
                     f"tensor {name!r} is not held here; expected one of "
                     f"{sorted(self._expected)}"
                 )
-            if want.shape != spec.shape or np.dtype(want.dtype) != spec.dtype:
+            compact = want.dtype == np.float32 and spec.dtype in WIRE_DTYPES.values()
+            if want.shape != spec.shape or not (want.dtype == spec.dtype or compact):
                 raise BadTensor(
                     f"tensor {name!r}: got dtype {spec.dtype} shape {spec.shape}, "
                     f"expected dtype {want.dtype} shape {want.shape}"
@@ -163,7 +190,9 @@ class TensorAssembler:
                     f"tensor {name!r}: stream ended after {self._received[name]} "
                     f"of {spec.nbytes} bytes"
                 )
-            out[name] = np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape)
+            array = np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape)
+            want = self._expected[name].dtype if self._expected is not None else spec.dtype
+            out[name] = array if array.dtype == want else array.astype(want)
         return out
 
 
@@ -179,11 +208,13 @@ def decode_tensors(
 
 
 def push_messages(
-    header: pb.PushHeader, tensors: Mapping[str, np.ndarray]
+    header: pb.PushHeader,
+    tensors: Mapping[str, np.ndarray],
+    wire_dtype: np.dtype | None = None,
 ) -> Iterator[pb.PushRequest]:
     """A Push stream: the header, then every chunk of every tensor."""
     yield pb.PushRequest(header=header)
-    for chunk in encode_tensors(tensors):
+    for chunk in encode_tensors(tensors, wire_dtype=wire_dtype):
         yield pb.PushRequest(chunk=chunk)
 
 
@@ -203,10 +234,22 @@ def read_push(
     return first.header, assembler.finish(first.header.num_tensors)
 
 
-def pull_messages(version: int, tensors: Mapping[str, np.ndarray]) -> Iterator[pb.PullReply]:
+def pull_wire_dtype(code: int) -> np.dtype | None:
+    """The dtype a PullRequest asks for: None (as stored) or one of WIRE_DTYPES."""
+    if code == pb.DTYPE_UNSPECIFIED:
+        return None
+    dtype = dtype_of(code)
+    if dtype not in WIRE_DTYPES.values():
+        raise BadTensor(f"parameters cannot be pulled as {dtype}; use one of {sorted(WIRE_DTYPES)}")
+    return dtype
+
+
+def pull_messages(
+    version: int, tensors: Mapping[str, np.ndarray], wire_dtype: np.dtype | None = None
+) -> Iterator[pb.PullReply]:
     """A Pull stream: the header with the version, then the chunks."""
     yield pb.PullReply(header=pb.PullHeader(version=version, num_tensors=len(tensors)))
-    for chunk in encode_tensors(tensors):
+    for chunk in encode_tensors(tensors, wire_dtype=wire_dtype):
         yield pb.PullReply(chunk=chunk)
 
 

@@ -1,19 +1,29 @@
 """The worker's side of the wire: one client for all PS shards.
 
-    client = PSClient(["10.0.0.1:4711", "10.0.0.2:4711"], placement)
+    client = PSClient(["10.0.0.1:4711", "10.0.0.2:4711"], plan)
     version, params = client.pull(min_version=step, timeout_s=60)
     client.push(worker_rank, step, grads, num_examples, loss)
 
+`plan` (a PlacementPlan) says which shard holds which variable or rows of
+it; the client cuts gradients into slices and joins pulled slices back into
+whole variables, so callers only ever see whole variables.
+
 Every call fans out to all shards at once (one thread per shard), so one
-slow shard does not serialise the others. A shard that is UNAVAILABLE
-(restarting, not yet listening) is retried with exponential backoff up to
-`max_attempts`; a repeated push is safe because shards apply each
-(worker_rank, step) once. Other failures surface as towerps errors.
-Thread-safe.
+slow shard does not serialise the others. Transient failures are retried
+with exponential backoff up to `max_attempts`: UNAVAILABLE (a shard
+restarting or not yet listening) for every call, DEADLINE_EXCEEDED for
+pushes. A repeated push is safe: it names (worker_rank, step) and carries
+its attempt number, and shards apply each (worker_rank, step) once.
+Anything else surfaces as a towerps error. Thread-safe.
+
+With `wire_dtype` bfloat16 or float16, gradients and pulled parameters
+travel in that dtype (half the bytes); shards accumulate and apply in
+float32, and pulled parameters are widened to float32 here.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -21,12 +31,14 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import BadTensor, ConfigError, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.wire import GRPC_OPTIONS, push_messages, read_pull
+from towerps.ps.placement import PlacementPlan
+from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, push_messages, read_pull, wire_code
 
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+_RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
+_RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OUTCOMES = {v: k.lower() for k, v in pb.PushReply.Outcome.items()}
 
 
@@ -34,13 +46,23 @@ class PSClient:
     def __init__(
         self,
         addresses: list[str],
-        placement: Mapping[str, int],
+        plan: PlacementPlan,
+        wire_dtype: str = "float32",
         rpc_timeout_s: float = 120.0,
         max_attempts: int = 4,
         backoff_s: float = 0.2,
     ):
+        if len(addresses) != plan.num_shards:
+            raise ConfigError(
+                f"{len(addresses)} shard addresses for a plan of {plan.num_shards} shards"
+            )
+        if wire_dtype not in WIRE_DTYPES:
+            raise ConfigError(
+                f"--wire-dtype {wire_dtype!r} is not known; choose one of {', '.join(WIRE_DTYPES)}"
+            )
         self.addresses = list(addresses)
-        self.placement = dict(placement)
+        self.plan = plan
+        self.wire_dtype = WIRE_DTYPES[wire_dtype]
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -49,27 +71,37 @@ class PSClient:
         self._pool = futures.ThreadPoolExecutor(
             max_workers=len(addresses), thread_name_prefix="ps-client"
         )
+        self._counter_lock = threading.Lock()
+        self.bytes_sent = 0  # tensor payload bytes pushed (a retry is not counted again)
+        self.bytes_received = 0  # tensor payload bytes pulled
 
     @property
     def num_shards(self) -> int:
         return len(self.addresses)
 
     def pull(self, min_version: int, timeout_s: float) -> tuple[int, dict[str, np.ndarray]]:
-        """Block until every shard holds version >= min_version; return the merged
-        parameters and the lowest shard version (in sync mode all are equal)."""
+        """Block until every shard holds version >= min_version; return the whole
+        float32 variables and the lowest shard version (in sync mode all are equal)."""
+        request = pb.PullRequest(
+            min_version=min_version, timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype)
+        )
 
         def pull_one(k: int):
-            request = pb.PullRequest(min_version=min_version, timeout_s=timeout_s)
-            def call():
+            def call(attempt: int):
                 # The RPC deadline leaves the shard time to answer DEADLINE_EXCEEDED itself.
                 return read_pull(self._stubs[k].Pull(request, timeout=timeout_s + 10.0))
 
-            return self._call(k, call)
+            return self._call(k, call, _RETRY_ALWAYS)
 
         results = self._fan_out(pull_one)
-        params: dict[str, np.ndarray] = {}
+        slices: dict[str, np.ndarray] = {}
         for _, tensors in results:
-            params.update(tensors)
+            slices.update(tensors)
+        self._count(received=sum(a.nbytes for a in slices.values()))
+        params = self.plan.join(slices)
+        for name, array in params.items():
+            if array.dtype != np.float32:
+                params[name] = array.astype(np.float32)
         return min(v for v, _ in results), params
 
     def push(
@@ -80,13 +112,11 @@ class PSClient:
         num_examples: int,
         loss: float,
     ) -> list[str]:
-        """Send each shard its slice of `grads`; returns each shard's outcome."""
-        unknown = sorted(set(grads) - set(self.placement))
-        if unknown:
-            raise BadTensor(f"gradients for variables no shard holds: {unknown}")
-        parts: list[dict[str, np.ndarray]] = [{} for _ in self.addresses]
-        for name, grad in grads.items():
-            parts[self.placement[name]][name] = grad
+        """Send each shard its slices of `grads`; returns each shard's outcome
+        ("buffered", "applied", "duplicate", ...)."""
+        per_shard = self.plan.split(grads)
+        itemsize = self.wire_dtype.itemsize
+        payload = sum(a.size for a in grads.values()) * itemsize
 
         def push_one(k: int):
             def call(attempt: int):
@@ -96,39 +126,46 @@ class PSClient:
                     attempt=attempt,
                     num_examples=num_examples,
                     loss=loss,
-                    num_tensors=len(parts[k]),
+                    num_tensors=len(per_shard[k]),
                 )
-                reply = self._stubs[k].Push(
-                    push_messages(header, parts[k]), timeout=self.rpc_timeout_s
-                )
+                messages = push_messages(header, per_shard[k], self.wire_dtype)
+                reply = self._stubs[k].Push(messages, timeout=self.rpc_timeout_s)
                 return _OUTCOMES[reply.outcome]
 
-            return self._call(k, call, pass_attempt=True)
+            return self._call(k, call, _RETRY_PUSH)
 
-        return self._fan_out(push_one)
+        outcomes = self._fan_out(push_one)
+        self._count(sent=payload)
+        return outcomes
 
     def status(self, since_version: int = 0) -> list[pb.StatusReply]:
         request = pb.StatusRequest(since_version=since_version)
         return self._fan_out(
-            lambda k: self._call(k, lambda: self._stubs[k].Status(request, timeout=30.0))
+            lambda k: self._call(
+                k, lambda attempt: self._stubs[k].Status(request, timeout=30.0), _RETRY_ALWAYS
+            )
         )
 
     def _fan_out(self, fn: Callable[[int], object]) -> list:
         pending = [self._pool.submit(fn, k) for k in range(self.num_shards)]
         return [f.result() for f in pending]
 
-    def _call(self, k: int, call: Callable, pass_attempt: bool = False):
-        """Run one RPC against shard k, retrying transient failures."""
+    def _call(self, k: int, call: Callable[[int], object], retry_on: tuple):
+        """Run one RPC against shard k: call(attempt), retrying codes in `retry_on`."""
         for attempt in range(self.max_attempts):
             try:
-                return call(attempt) if pass_attempt else call()
+                return call(attempt)
             except grpc.RpcError as err:
-                code = err.code()
-                if code in _RETRYABLE and attempt + 1 < self.max_attempts:
+                if err.code() in retry_on and attempt + 1 < self.max_attempts:
                     time.sleep(self.backoff_s * 2**attempt)
                     continue
                 raise _as_towerps_error(k, self.addresses[k], err) from None
         raise AssertionError("unreachable")
+
+    def _count(self, sent: int = 0, received: int = 0) -> None:
+        with self._counter_lock:
+            self.bytes_sent += sent
+            self.bytes_received += received
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -8,6 +8,7 @@ from towerps.errors import ConfigError
 from towerps.ps.optimizers import OPTIMIZERS
 from towerps.workers.data import DATASETS
 from towerps.workers.models import MODELS
+from towerps.wire import WIRE_DTYPES
 
 pytestmark = pytest.mark.unit
 
@@ -17,6 +18,7 @@ def test_cli_choices_agree_with_the_packages_that_own_them():
     assert cli.MODELS == MODELS
     assert cli.OPTIMIZERS == OPTIMIZERS
     assert cli.MODES == MODES
+    assert cli.WIRE_DTYPES == tuple(WIRE_DTYPES)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +47,7 @@ def test_unknown_values_are_refused_by_the_parser(capsys, argv, message):
         (["--address", "nonsense"], "is not host:port"),
         (["--dataset", "cifar10", "--model", "mlp", "--no-download"], "cifar-10-binary.tar.gz"),
         (["--dataset", "fashion_mnist", "--model", "cifar10_cnn"], "choose a model made for fashion_mnist"),
-        (["--num-ps", "7"], "use --num-ps 6 or fewer"),
+        (["--num-ps", "20"], "use --num-ps 19 or fewer"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(capsys, tmp_path, argv, message):

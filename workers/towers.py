@@ -1,0 +1,210 @@
+"""A worker's towers: model replicas on several devices, one gradient out.
+
+    group = TowerGroup.build(lambda: build_model("mlp", (28, 28, 1), 10, seed=0),
+                             ["/GPU:0", "/GPU:1", "/CPU:0"], balance="measured")
+    group.set_weights(params)                   # every replica
+    grads, loss = group.compute_gradients(x, y) # one gradient for the worker
+
+A TowerGroup has the interface of a `Tower`, so the worker loop neither knows
+nor cares how many devices compute its gradient, and makes ONE push per shard
+per step whatever the number of towers: aggregation is node-local and network
+traffic does not grow with the GPUs of a node.
+
+One step: the worker's rows are cut into contiguous parts, one per tower, by
+the current shares; each tower computes the mean-loss gradient of its part on
+its own device, all at once in threads (TensorFlow releases the GIL while a
+function runs, so the devices overlap); the CPU then averages the towers'
+gradients weighted by their example counts. That is exactly the gradient of
+all the rows, so parity with one tower holds up to floating point, for any
+shares.
+
+Balancing: `equal` splits the rows evenly. `measured` times every tower
+(wall time of its part, in its own thread) and, after `warmup_steps` and then
+every `rebalance_every` steps, sets the shares in proportion to each tower's
+examples/s over the last `window_steps` steps, so a slow CPU tower gets fewer
+rows instead of making the GPU towers wait. Every tower keeps at least one
+row, so it stays measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from towerps.errors import ConfigError
+from towerps.workers.devices import BALANCES, parse_slow_tower
+from towerps.workers.tower import Tower
+
+
+class TowerGroup:
+    """Several Towers behind one Tower interface. Not thread-safe: one step at a time."""
+
+    def __init__(
+        self,
+        towers: Sequence[Tower],
+        balance: str = "equal",
+        *,
+        slow_tower: str | None = None,
+        warmup_steps: int = 2,
+        window_steps: int = 5,
+        rebalance_every: int = 50,
+    ):
+        if not towers:
+            raise ConfigError("a TowerGroup needs at least one tower; got zero")
+        if balance not in BALANCES:
+            raise ConfigError(f"balance {balance!r} is not known; choose one of {', '.join(BALANCES)}")
+        names = [t.variable_names for t in towers]
+        if any(n != names[0] for n in names):
+            raise ConfigError("every tower of a group must hold the same model (variable names differ)")
+        self.towers = list(towers)
+        self.balance = balance
+        self._slow = parse_slow_tower(slow_tower) if slow_tower else None
+        if self._slow and self._slow[0] >= len(self.towers):
+            raise ConfigError(
+                f"slow_tower {slow_tower!r} names tower {self._slow[0]} but the worker has "
+                f"{len(self.towers)} (indices 0..{len(self.towers) - 1})"
+            )
+        self._warmup, self._window, self._every = warmup_steps, window_steps, rebalance_every
+        self._weights = np.full(len(self.towers), 1.0 / len(self.towers))  # shares, sum 1
+        self._rows = [0] * len(self.towers)  # rows of the last step, per tower
+        self._timings: deque[tuple[list[int], list[float]]] = deque(maxlen=window_steps)
+        self._steps = 0
+        self._pool = futures.ThreadPoolExecutor(len(self.towers), thread_name_prefix="tower")
+
+    @classmethod
+    def build(cls, make_model: Callable[[], keras.Model], devices: Sequence[str],
+              balance: str = "equal", **kwargs) -> TowerGroup:
+        """One replica per device, each built there, so its variables live on it."""
+        towers = []
+        for device in devices:
+            with tf.device(device):
+                towers.append(Tower(make_model(), device=device))
+        return cls(towers, balance, **kwargs)
+
+    # -- the Tower interface ---------------------------------------------
+
+    @property
+    def device(self) -> str:
+        return ",".join(self.devices)
+
+    @property
+    def variable_names(self) -> list[str]:
+        return self.towers[0].variable_names
+
+    def variable_bytes(self) -> dict[str, int]:
+        return self.towers[0].variable_bytes()
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.towers[0].get_weights()
+
+    def set_weights(self, params: Mapping[str, np.ndarray]) -> None:
+        """Assign `params` to every replica (concurrently: one copy per device)."""
+        self._map(lambda tower: tower.set_weights(params), self.towers)
+
+    def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
+        """The gradient of the mean loss over all of (x, y), and that loss.
+
+        x: (n, *input_shape) float32, y: (n,) int32, n >= number of towers.
+        Blocks until every tower is done.
+        """
+        bounds = self._bounds(len(x))
+        parts = [(t, x[lo:hi], y[lo:hi]) for t, (lo, hi) in zip(self.towers, bounds)]
+        # The first step traces every tower's tf.function: one at a time, as
+        # Keras' tracing state is not meant to be shared across threads.
+        results = self._map(self._timed, parts, parallel=self._steps > 0)
+        self._rows = [hi - lo for lo, hi in bounds]
+        self._steps += 1
+        if self.balance == "measured" and self._steps > self._warmup:
+            self._timings.append((self._rows, [seconds for _, _, seconds in results]))
+            since = self._steps - self._warmup
+            if since == self._window or (since > self._window and since % self._every == 0):
+                self._rebalance()
+        return _weighted_mean([(g, loss, n) for (g, loss, _), n in zip(results, self._rows)])
+
+    # -- for the summary -------------------------------------------------
+
+    @property
+    def devices(self) -> list[str]:
+        return [t.device for t in self.towers]
+
+    @property
+    def shares(self) -> list[float]:
+        """Each tower's fraction of the worker's rows (sums to 1)."""
+        return [float(w) for w in self._weights]
+
+    def report(self) -> list[dict]:
+        """Per tower: device, share, rows of the last step."""
+        return [
+            {"device": d, "share": s, "rows": r}
+            for d, s, r in zip(self.devices, self.shares, self._rows)
+        ]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- internals -------------------------------------------------------
+
+    def _map(self, fn, items, parallel: bool = True) -> list:
+        if not parallel or len(self.towers) == 1:
+            return [fn(item) for item in items]
+        return [f.result() for f in [self._pool.submit(fn, item) for item in items]]
+
+    def _timed(self, part) -> tuple[dict[str, np.ndarray], float, float]:
+        tower, x, y = part
+        t0 = time.perf_counter()
+        grads, loss = tower.compute_gradients(x, y)
+        seconds = time.perf_counter() - t0
+        if self._slow and tower is self.towers[self._slow[0]]:
+            # TEST ONLY: stand in for a slower device; sleeping holds no core.
+            extra = (self._slow[1] - 1.0) * seconds
+            time.sleep(extra)
+            seconds += extra
+        return grads, loss, seconds
+
+    def _bounds(self, n: int) -> list[tuple[int, int]]:
+        """Contiguous [lo, hi) rows per tower, by the shares; each gets >= 1 row."""
+        k = len(self.towers)
+        if n < k:
+            raise ConfigError(
+                f"a worker's batch of {n} rows cannot feed its {k} towers; use a global "
+                f"batch of at least {k} rows per worker"
+            )
+        # One row each, then the rest by largest remainder of the shares.
+        exact = self._weights * (n - k)
+        rows = np.floor(exact).astype(int)
+        for i in np.argsort(-(exact - rows), kind="stable")[: n - k - rows.sum()]:
+            rows[i] += 1
+        edges = np.concatenate([[0], np.cumsum(rows + 1)])
+        return [(int(edges[i]), int(edges[i + 1])) for i in range(k)]
+
+    def _rebalance(self) -> None:
+        rows = np.sum([r for r, _ in self._timings], axis=0, dtype=np.float64)
+        seconds = np.sum([s for _, s in self._timings], axis=0, dtype=np.float64)
+        speed = rows / np.maximum(seconds, 1e-9)  # examples/s per tower
+        self._weights = speed / speed.sum()
+
+
+def _weighted_mean(results: list[tuple[dict[str, np.ndarray], float, int]]):
+    """sum(n_i * g_i) / sum(n_i) per variable, in float32 on the CPU, and the same for losses.
+
+    The shards weight pushes the same way, so splitting a batch over towers
+    changes nothing but rounding.
+    """
+    if len(results) == 1:
+        return results[0][0], results[0][1]
+    total = sum(n for _, _, n in results)
+    grads = {}
+    for name in results[0][0]:
+        acc = np.zeros_like(results[0][0][name])
+        for g, _, n in results:
+            acc += np.float32(n) * g[name]
+        acc *= np.float32(1.0 / total)
+        grads[name] = acc
+    loss = sum(loss * n for _, loss, n in results) / total
+    return grads, float(loss)
