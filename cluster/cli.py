@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
     add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
         help="dtype of gradients and parameters on the wire; shards still apply in float32")
+    add("--slow-worker", default=None, metavar="RANK:FACTOR",
+        help="TEST ONLY: make worker RANK compute FACTOR times slower (straggler studies)")
     _add_device_flags(train.add_argument_group("devices of each worker (docs/devices.md)"))
     return parser
 
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir=args.run_dir,
             log_every=args.log_every,
             wire_dtype=args.wire_dtype,
+            slow_worker=args.slow_worker,
             devices=_device_config(args),
         )
         summary = train(config)

@@ -126,6 +126,7 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
         "num_parameters": int(sum(variable_bytes.values()) // 4),
         "shard_bytes": plan.shard_bytes(),
         "wire_dtype": config.wire_dtype,
+        "wire_bytes_per_step": sum(r.bytes_sent + r.bytes_received for r in reports) / version,
         "startup_s": startup_s,
         "wall_s": wall_s,
         "examples_per_s": version * config.batch_size / wall_s,
@@ -157,6 +158,7 @@ def _worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
         global_batch_size=config.batch_size,
         steps=config.steps,
         seed=config.seed,
+        slow_factor=config.slow_factor(rank),
         pull_timeout_s=config.pull_timeout_s,
     )
 
@@ -172,6 +174,9 @@ def _watch(config, workers, client, run_dir, t_train, progress):
     logged: list[dict] = []
     last = (0, t_train)  # (version, time) of the previous metrics record
     seen = 0
+    # Every worker pulls and pushes every parameter once per step.
+    parameters = sum(s.nbytes for s in client.plan.slices) // 4
+    wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
     bar = tqdm(total=config.steps, unit="step", disable=None if progress is None else not progress)
     with bar, open(os.path.join(run_dir, "metrics.jsonl"), "w") as metrics:
         while pending or seen < config.steps:
@@ -191,6 +196,7 @@ def _watch(config, workers, client, run_dir, t_train, progress):
                     "loss": record.loss,
                     "examples_per_s": rate,
                     "wall_s": record.applied_at_s - t_train,
+                    "wire_bytes_per_step": wire_bytes_per_step,
                 }
                 last = (seen, record.applied_at_s)
                 logged.append(entry)

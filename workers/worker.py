@@ -1,10 +1,21 @@
-"""The worker loop of synchronous training.
+"""The worker loop, one for every mode (the shards' policy tells them apart).
 
-    for step in range(start, steps):
-        params @ step  <- pull from every shard (blocks until the step exists)
-        grads          <- tower, on this worker's contiguous slice of the
-                          global batch of `step`
-        push (rank, step, grads) to every shard
+    version = start
+    loop:
+        params @ v  <- pull(min_version=version) from every shard
+                       sync: blocks until step `version` exists; with backup
+                       workers the shards may be past it: v > version, and
+                       this worker skips ahead to v (it was late)
+                       async/ssp: returns the latest version at once
+        stop if v >= the run's end version, or v < version (the run ended early)
+        grads       <- towers, on this worker's slice of a global batch:
+                       sync: global batch v (so N workers = one big batch);
+                       async/ssp: global batch k, k = this worker's own step count
+        push (rank, step=v, grads) to every shard
+                       sync: the answer may be DROPPED (late: move on);
+                       ssp: the answer waits until this worker is within s of
+                       the slowest (the gate)
+        version = v + 1
 
 The worker holds no state that matters between steps: the shards do. A
 worker restarted at any step pulls that step and goes on.
@@ -29,6 +40,13 @@ class WorkerSpec:
     steps: int
     seed: int
     pull_timeout_s: float = 300.0
+    # TEST ONLY (--slow-worker RANK:FACTOR): this worker's compute takes
+    # FACTOR times as long, to study stragglers.
+    slow_factor: float = 1.0
+    mode: str = "sync"  # sync: data by shard version; async/ssp: by own step count
+    # The last shard version of the run (None: `steps`). Async/ssp make one
+    # version per push: steps * num_workers versions train on `steps` global batches.
+    end_version: int | None = None
 
     def __post_init__(self):
         if self.global_batch_size % self.num_workers:
@@ -43,16 +61,24 @@ class WorkerSpec:
         per_worker = self.global_batch_size // self.num_workers
         return slice(self.rank * per_worker, (self.rank + 1) * per_worker)
 
+    @property
+    def final_version(self) -> int:
+        return self.steps if self.end_version is None else self.end_version
+
 
 @dataclass
 class WorkerReport:
     """Where one worker's time went, in seconds, over the steps it ran."""
 
     rank: int
-    steps: int = 0
+    steps: int = 0  # gradients computed and pushed
     pull_s: float = 0.0
     compute_s: float = 0.0
-    push_s: float = 0.0
+    push_s: float = 0.0  # ssp: includes waiting at the gate for the slowest worker
+    pushes_dropped: int = 0  # pushes some shard did not apply (late, or after the end)
+    versions_skipped: int = 0  # sync with backups: steps passed before this worker got to them
+    bytes_sent: int = 0  # tensor payload pushed to the shards
+    bytes_received: int = 0  # tensor payload pulled from the shards
     losses: list[float] = field(default_factory=list)
 
 
@@ -60,29 +86,45 @@ class Worker:
     def __init__(self, spec: WorkerSpec, dataset: DataSet, tower: Tower, client: PSClient):
         self.spec = spec
         self.dataset = dataset
-        self.tower = tower
+        self.tower = tower  # a Tower, or anything with its interface (TowerGroup)
         self.client = client
 
     def run(self, start_step: int = 0) -> WorkerReport:
-        """Train steps start_step..spec.steps-1; blocks until done.
+        """Train from version `start_step` until the run's end; blocks until done.
 
-        Raises the client's errors (ShardUnavailable, PullTimeout, ...) as they
-        come: a dead peer stops this worker with a message naming the peer.
+        The end is `spec.final_version`, or earlier when the shards end the
+        run (a time budget): a pull then answers a version below the one
+        asked for. Raises the client's errors (ShardUnavailable, PullTimeout,
+        ...) as they come: a dead peer stops this worker with a message
+        naming the peer.
         """
         spec, report = self.spec, WorkerReport(rank=self.spec.rank)
-        for step in range(start_step, spec.steps):
+        wanted, own_step = start_step, start_step
+        while wanted < spec.final_version:
             t0 = time.perf_counter()
-            _, params = self.client.pull(min_version=step, timeout_s=spec.pull_timeout_s)
+            version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)
+            if version < wanted or version >= spec.final_version:
+                report.pull_s += time.perf_counter() - t0
+                break  # the run is over
+            if spec.mode == "sync":
+                report.versions_skipped += version - wanted
             self.tower.set_weights(params)
             t1 = time.perf_counter()
-            x, y = self.dataset.train_batch(step, spec.seed, spec.global_batch_size, spec.batch_slice)
+            data_step = version if spec.mode == "sync" else own_step
+            x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, spec.batch_slice)
             grads, loss = self.tower.compute_gradients(x, y)
+            if spec.slow_factor > 1.0:
+                time.sleep((spec.slow_factor - 1.0) * (time.perf_counter() - t1))
             t2 = time.perf_counter()
-            self.client.push(spec.rank, step, grads, num_examples=len(x), loss=loss)
+            outcomes = self.client.push(spec.rank, version, grads, num_examples=len(x), loss=loss)
             t3 = time.perf_counter()
             report.pull_s += t1 - t0
             report.compute_s += t2 - t1
             report.push_s += t3 - t2
             report.steps += 1
+            report.pushes_dropped += "dropped" in outcomes
             report.losses.append(loss)
+            wanted, own_step = version + 1, own_step + 1
+        report.bytes_sent = self.client.bytes_sent
+        report.bytes_received = self.client.bytes_received
         return report

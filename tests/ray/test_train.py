@@ -85,3 +85,30 @@ def test_cifar10_cnn_gradients_over_4_mib_train_through_one_shard(ray_cluster, t
     assert summary["shard_bytes"] == [4_273_192]
     assert summary["steps"] == 3
     assert np.isfinite(summary["test_loss"])
+
+
+@pytest.mark.slow
+def test_bfloat16_on_the_wire_still_converges_on_fashion_mnist(ray_cluster, tmp_path):
+    config = TrainConfig(
+        dataset="fashion_mnist", num_workers=2, num_ps=2, batch_size=128, steps=400,
+        wire_dtype="bfloat16", log_every=100, run_dir=str(tmp_path),
+    )
+    summary = train(config, progress=False)
+    assert summary["test_accuracy"] >= 0.82
+    # Half of float32's bytes: 2 workers x (pull + push) x 235,146 parameters x 2 bytes.
+    assert summary["wire_bytes_per_step"] == 2 * 2 * 235_146 * 2
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {m["wire_bytes_per_step"] for m in metrics} == {summary["wire_bytes_per_step"]}
+
+
+def test_a_slow_worker_slows_nobody_s_result(ray_cluster, tmp_path):
+    """--slow-worker changes timing only: the weights equal a normal run's."""
+    common = dict(dataset="synthetic", num_workers=2, num_ps=1, batch_size=32, steps=3,
+                  optimizer="sgd", seed=1)
+    train(TrainConfig(run_dir=str(tmp_path / "a"), **common), progress=False)
+    summary = train(TrainConfig(slow_worker="1:3", run_dir=str(tmp_path / "b"), **common),
+                    progress=False)
+    a, b = weights_of(tmp_path / "a"), weights_of(tmp_path / "b")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert summary["config"]["slow_worker"] == "1:3"

@@ -65,3 +65,11 @@ def test_config_names_the_fix():
         TrainConfig(batch_size=100, num_workers=3)
     assert TrainConfig(dataset="cifar10").model_name == "cifar10_cnn"
     assert TrainConfig(optimizer="sgd").learning_rate == 0.1
+
+
+def test_slow_worker_flag_is_parsed_and_checked():
+    config = TrainConfig(num_workers=2, slow_worker="1:3")
+    assert (config.slow_factor(0), config.slow_factor(1)) == (1.0, 3.0)
+    for bad in ("1", "x:3", "2:3", "1:0.5"):
+        with pytest.raises(ConfigError, match="RANK:FACTOR"):
+            TrainConfig(num_workers=2, slow_worker=bad)
