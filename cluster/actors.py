@@ -40,6 +40,8 @@ def _node_record(role: str, index: int) -> dict:
         "node_id": context.get_node_id(),
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        # Where this process loaded towerps from: a Ray job's working dir, or an install.
+        "code": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     }
 
 
@@ -52,11 +54,17 @@ class ShardActor:
         self._shard = None
         self._server = None
 
-    def start(self, variables: dict, optimizer: str, lr: float, num_workers: int) -> dict:
-        """Build the shard, start its server; returns where it landed and its address."""
+    def start(self, variables: dict, optimizer: str, lr: float, num_workers: int,
+              mode=None, end_version: int | None = None) -> dict:
+        """Build the shard, start its server; returns where it landed and its address.
+
+        `mode` is a towerps.ps.Mode (None: sync); `end_version` the run's last version.
+        """
         from towerps.ps import Shard, create_server, make_optimizer
 
-        self._shard = Shard(self._index, variables, make_optimizer(optimizer, lr), num_workers)
+        self._shard = Shard(
+            self._index, variables, make_optimizer(optimizer, lr), num_workers, mode, end_version
+        )
         host = ray.util.get_node_ip_address()
         # Each worker may hold a Push and a waiting Pull at once.
         self._server, port = create_server(
@@ -66,6 +74,10 @@ class ShardActor:
         record["address"] = f"{host}:{port}"
         record["parameter_bytes"] = self._shard.parameter_bytes
         return record
+
+    def end_at(self, version: int) -> int:
+        """End the run at `version` (a time budget ran out); returns the end in force."""
+        return self._shard.end_at(version)
 
     def stop(self) -> None:
         if self._shard is not None:

@@ -2,6 +2,7 @@
 
     towerps train --dataset fashion_mnist --num-workers 2 --num-ps 2 \\
         --batch-size 128 --steps 1000
+    towerps compare --dataset fashion_mnist --modes sync,async,ssp:2 --steps 400
 
 Flags become one TrainConfig here (validated at once); errors of towerps
 print as one line naming the problem and the fix, with exit status 2.
@@ -10,6 +11,7 @@ print as one line naming the problem and the fix, with exit status 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from towerps.errors import TowerpsError
@@ -20,7 +22,9 @@ from towerps.errors import TowerpsError
 DATASETS = ("fashion_mnist", "cifar10", "synthetic")
 MODELS = ("mlp", "cnn", "cifar10_cnn")
 OPTIMIZERS = ("sgd", "momentum", "adam")
-MODES = ("sync",)
+MODES = ("sync", "async", "ssp")
+DEFAULT_STEPS = 1000
+UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the run
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 TOWER_BALANCES = ("equal", "measured")
 
@@ -31,17 +35,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a model (a local Ray cluster by default)")
-    add = train.add_argument
+    _add_job_flags(train)
+    modes = train.add_argument_group("aggregation mode (docs/modes.md)")
+    modes.add_argument("--mode", choices=MODES, default="sync",
+                       help="sync: average every worker's gradient per step; async: apply each "
+                       "push as it arrives; ssp: async with workers at most --staleness apart")
+    modes.add_argument("--staleness", type=int, default=None, metavar="S",
+                       help="ssp: how many steps a worker may run ahead of the slowest")
+    modes.add_argument("--staleness-lr", action="store_true",
+                       help="async/ssp: divide the lr of each push by its staleness")
+    modes.add_argument("--backup-workers", type=int, default=0, metavar="B",
+                       help="sync: apply a step once all but B workers pushed; drop the late ones")
+
+    compare = commands.add_parser(
+        "compare", help="train in several modes, one after the other; write report.md and plots"
+    )
+    _add_job_flags(compare)
+    add = compare.add_argument
+    add("--modes", default="sync,async,ssp:2",
+        help="comma-separated: sync, backup:B, async, ssp:S; +lr for staleness-aware lr "
+        "(default sync,async,ssp:2)")
+    add("--staleness-lr", action="store_true", help="staleness-aware lr for every async/ssp mode")
+    add("--target-accuracy", type=float, default=None,
+        help="accuracy for the time-to-target column (default: 95%% of the best final accuracy)")
+    return parser
+
+
+def _add_job_flags(parser) -> None:
+    """The flags of one training job, shared by `train` and `compare`."""
+    add = parser.add_argument
     add("--dataset", choices=DATASETS, default="fashion_mnist")
     add("--data-dir", default=None, help="where to look for / put the data set")
     add("--no-download", dest="download", action="store_false",
         help="never download a missing data set (fail with where to get it)")
     add("--model", choices=MODELS, default=None, help="default: chosen by the data set")
-    add("--mode", choices=MODES, default="sync")
-    add("--num-workers", type=int, default=2, help="worker actors (default 2)")
-    add("--num-ps", type=int, default=2, help="parameter-server shard actors (default 2)")
+    add("--num-workers", type=int, default=None,
+        help="worker actors (default: one per node with --address, else 2)")
+    add("--num-ps", type=int, default=None,
+        help="parameter-server shard actors (default: one per node with --address, else 2)")
+    add("--min-nodes", type=int, default=1,
+        help="with --address: wait until this many nodes are alive before placing (default 1)")
     add("--batch-size", type=int, default=128, help="the GLOBAL batch of one step (default 128)")
-    add("--steps", type=int, default=1000)
+    add("--steps", type=int, default=None,
+        help="global batches to train on (default 1000, or unbounded with --budget-s)")
+    add("--budget-s", type=float, default=None,
+        help="stop training after this many seconds (or at --steps, whichever comes first)")
     add("--optimizer", choices=OPTIMIZERS, default="adam")
     add("--lr", type=float, default=None, help="default: sgd 0.1, momentum 0.05, adam 0.001")
     add("--seed", type=int, default=0)
@@ -52,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dtype of gradients and parameters on the wire; shards still apply in float32")
     add("--slow-worker", default=None, metavar="RANK:FACTOR",
         help="TEST ONLY: make worker RANK compute FACTOR times slower (straggler studies)")
-    _add_device_flags(train.add_argument_group("devices of each worker (docs/devices.md)"))
-    return parser
+    _add_device_flags(parser.add_argument_group("devices of each worker (docs/devices.md)"))
 
 
 def _add_device_flags(group) -> None:
@@ -100,6 +137,7 @@ def _device_config(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _log_to_stderr()
     try:
         from towerps.cluster.config import TrainConfig
         from towerps.cluster.driver import train
@@ -109,11 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir,
             download=args.download,
             model=args.model,
-            mode=args.mode,
-            num_workers=args.num_workers,
-            num_ps=args.num_ps,
+            **_counts(args),
             batch_size=args.batch_size,
-            steps=args.steps,
+            steps=_steps(args),
+            budget_s=args.budget_s,
             optimizer=args.optimizer,
             lr=args.lr,
             seed=args.seed,
@@ -123,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             wire_dtype=args.wire_dtype,
             slow_worker=args.slow_worker,
             devices=_device_config(args),
+            **_mode_fields(args),
         )
+        if args.command == "compare":
+            return _compare(config, args)
         summary = train(config)
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
@@ -133,6 +173,47 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['steps']} steps, {summary['examples_per_s']:,.0f} examples/s; "
         f"results in {summary['run_dir']}"
     )
+    return 0
+
+
+def _counts(args) -> dict:
+    """Neither count given while joining a cluster: one shard and one worker per node."""
+    per_node = args.address is not None and args.num_workers is None and args.num_ps is None
+    return {"num_workers": 2 if args.num_workers is None else args.num_workers,
+            "num_ps": 2 if args.num_ps is None else args.num_ps,
+            "per_node": per_node, "min_nodes": args.min_nodes}
+
+
+def _log_to_stderr() -> None:
+    """towerps' own log lines (where shards and workers landed) on stderr."""
+    log = logging.getLogger("towerps")
+    if not log.handlers:  # main() may run more than once in a process (tests)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("towerps: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def _steps(args) -> int:
+    if args.steps is not None:
+        return args.steps
+    return UNBOUNDED_STEPS if args.budget_s is not None else DEFAULT_STEPS
+
+
+def _mode_fields(args) -> dict:
+    if args.command == "compare":
+        return {}  # each mode of --modes sets them
+    return {"mode": args.mode, "staleness": args.staleness,
+            "staleness_lr": args.staleness_lr, "backup_workers": args.backup_workers}
+
+
+def _compare(config, args) -> int:
+    from towerps.cluster.compare import compare, parse_modes
+
+    result = compare(config, parse_modes(args.modes, args.staleness_lr), args.target_accuracy)
+    with open(result["report"]) as f:
+        print("".join(line for line in f if line.startswith("|")), end="")
+    print(f"report and plots in {result['run_dir']}")
     return 0
 
 

@@ -11,12 +11,11 @@ from dataclasses import asdict, dataclass, field
 
 from towerps.errors import ConfigError
 from towerps.wire import WIRE_DTYPES
+from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's check
 from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
 from towerps.workers.data import DATASETS
 from towerps.workers.devices import DeviceConfig
 from towerps.workers.models import DEFAULT_MODEL, MODELS
-
-MODES = ("sync",)
 
 
 @dataclass(frozen=True)
@@ -25,11 +24,21 @@ class TrainConfig:
     data_dir: str | None = None
     download: bool = True  # fetch a missing data set where the network allows
     model: str | None = None  # None: the data set's default model
-    mode: str = "sync"
+    mode: str = "sync"  # sync | async | ssp (ps/modes.py)
+    staleness: int | None = None  # ssp: how many clocks a worker may run ahead
+    staleness_lr: bool = False  # async/ssp: lr / max(1, staleness) per push
+    backup_workers: int = 0  # sync: a step does not wait for the last b workers
     num_workers: int = 2
     num_ps: int = 2
+    # Joining a cluster: one shard and one worker per alive node, set once the
+    # driver has joined (cluster/placement.py); the counts above are checked
+    # first, then replaced.
+    per_node: bool = False
+    min_nodes: int = 1  # wait until this many nodes are alive before placing
     batch_size: int = 128  # the GLOBAL batch of one step, split across workers
-    steps: int = 1000
+    steps: int = 1000  # global batches of examples, in every mode
+    budget_s: float | None = None  # end training after this long, if --steps are not done
+    eval_points: int = 0  # >0: test accuracy along the way at ~eval_points..2x moments
     optimizer: str = "adam"
     lr: float | None = None  # None: the optimizer's default
     seed: int = 0
@@ -46,7 +55,7 @@ class TrainConfig:
         _choice("--dataset", self.dataset, DATASETS)
         if self.model is not None:
             _choice("--model", self.model, MODELS)
-        _choice("--mode", self.mode, MODES)
+        Mode(self.mode, self.staleness, self.staleness_lr, self.backup_workers)  # validates
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         for flag, value in (
@@ -55,6 +64,7 @@ class TrainConfig:
             ("--batch-size", self.batch_size),
             ("--steps", self.steps),
             ("--log-every", self.log_every),
+            ("--min-nodes", self.min_nodes),
         ):
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {value}")
@@ -65,8 +75,17 @@ class TrainConfig:
                 f"(e.g. {self.batch_size - self.batch_size % self.num_workers or self.num_workers})"
             )
         self.slow_factor(0)  # validates slow_worker
+        self.mode_policy.quorum(self.num_workers)  # backups below the workers
+        if self.min_nodes > 1 and self.address is None:
+            raise ConfigError(
+                f"--min-nodes {self.min_nodes} needs --address: a local Ray cluster has one node"
+            )
         if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"--lr must be positive, got {self.lr}")
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ConfigError(f"--budget-s must be positive, got {self.budget_s}")
+        if self.eval_points < 0:
+            raise ConfigError(f"eval_points must be 0 or more, got {self.eval_points}")
         if self.pull_timeout_s <= 0:
             raise ConfigError(f"pull_timeout_s must be positive, got {self.pull_timeout_s}")
         towers, rows = self.devices.num_towers(), self.batch_size // self.num_workers
@@ -92,6 +111,16 @@ class TrainConfig:
                 f"factor of at least 1; {fix}"
             )
         return factor if rank == slow_rank else 1.0
+
+    @property
+    def mode_policy(self) -> Mode:
+        return Mode(self.mode, self.staleness, self.staleness_lr, self.backup_workers)
+
+    @property
+    def end_version(self) -> int:
+        """The shards' last version: `steps` global batches of examples, as one sync
+        update each or as num_workers async/ssp pushes each."""
+        return self.steps * self.mode_policy.updates_per_step(self.num_workers)
 
     @property
     def model_name(self) -> str:

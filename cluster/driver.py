@@ -9,7 +9,8 @@ Steps of a run:
  2. start one ShardActor per shard (each serves gRPC on its node's address)
     and one WorkerActor per worker, and check they can be placed;
  3. run the workers; meanwhile poll the shards' step log for the progress
-    bar and metrics.jsonl; a worker that fails stops the run at once;
+    bar and metrics.jsonl (cluster/monitor.py); a worker that fails stops
+    the run at once; a time budget ends it early;
  4. pull the final parameters, evaluate on the test set, write model.keras
     and summary.json into the run directory.
 """
@@ -22,20 +23,20 @@ import time
 from dataclasses import asdict
 
 import ray
-from tqdm import tqdm
 
 from towerps import __version__
 from towerps.cluster.actors import (
     ShardActor, WorkerActor, WorkerJob, actor_options, worker_resources,
 )
 from towerps.cluster.config import TrainConfig
+from towerps.cluster.evals import Snapshot, evaluate
+from towerps.cluster.monitor import mode_summary, watch
+from towerps.cluster.placement import fit_to_cluster, reserve
 from towerps.cluster.session import check_resources, ray_session
 from towerps.errors import ClusterError, TowerpsError
 from towerps.ps.placement import plan_placement
 from towerps.workers import PSClient, Tower, WorkerSpec, build_model, load_dataset
 from towerps.workers.models import model_input_shape
-
-POLL_S = 0.5  # how often the driver reads the step log while workers run
 
 
 def train(config: TrainConfig, progress: bool | None = None) -> dict:
@@ -63,14 +64,20 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
 
     t_start = time.time()
     with ray_session(config.address, num_cpus=config.num_workers + config.num_ps):
-        per_worker = worker_resources(config)
-        needed = {k: v * config.num_workers for k, v in per_worker.items()}
-        needed["CPU"] += config.num_ps
-        check_resources(needed)
+        config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
+        if plan.num_shards != config.num_ps:
+            plan = plan_placement({n: w.shape for n, w in initial.items()}, config.num_ps)
+            shard_slices = plan.split(initial)
+        # One placement-group bundle per node (cluster/placement.py); a node
+        # that cannot hold its share fails here with what it lacks.
+        reservation = reserve(config)
         os.makedirs(run_dir, exist_ok=True)
-        shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(config.num_ps)]
+        shards = [
+            ShardActor.options(**reservation.shard_options(k)).remote(k)
+            for k in range(config.num_ps)
+        ]
         workers = [
-            WorkerActor.options(**actor_options(per_worker)).remote(r)
+            WorkerActor.options(**reservation.worker_options(r)).remote(r)
             for r in range(config.num_workers)
         ]
         try:
@@ -81,6 +88,8 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
                         config.optimizer,
                         config.learning_rate,
                         config.num_workers,
+                        config.mode_policy,
+                        config.end_version,
                     )
                     for k, s in enumerate(shards)
                 ]
@@ -93,22 +102,31 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
             worker_records = _get(
                 [w.setup.remote(_worker_spec(config, r), job) for r, w in enumerate(workers)]
             )
+            reservation.record(shard_records + worker_records)  # logs where each landed
             startup_s = time.time() - t_start
             with PSClient(list(addresses), plan, config.wire_dtype) as client:
                 t_train = time.time()
-                reports, steps_log = _watch(config, workers, client, run_dir, t_train, progress)
+                watched = watch(config, workers, shards, client, run_dir, t_train, progress, _get)
+                reports, steps_log = watched.reports, watched.metrics
                 wall_s = time.time() - t_train
                 towers = _get([w.towers.remote() for w in workers])
-                version, params = client.pull(min_version=config.steps, timeout_s=60.0)
-                counters = client.status(since_version=config.steps)
+                # Every worker is done: nothing changes any more (a budget may
+                # have ended shards a version apart: take what they hold).
+                version, params = client.pull(min_version=0, timeout_s=60.0)
+                counters = client.status(since_version=version)
         finally:
             for actor in shards:
                 _stop_quietly(actor)
             for actor in workers + shards:
                 ray.kill(actor)
+            reservation.release()
 
-    tower.set_weights(params)
     x_test, y_test = dataset.test_arrays()
+    curve = evaluate(
+        [Snapshot(0, 0.0, initial), *watched.snapshots], tower, model, x_test, y_test,
+        watched.examples_at,
+    ) if config.eval_points else []
+    tower.set_weights(params)
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=1024, verbose=0)
     model.save(os.path.join(run_dir, "model.keras"))
     summary = {
@@ -129,18 +147,28 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
         "wire_bytes_per_step": sum(r.bytes_sent + r.bytes_received for r in reports) / version,
         "startup_s": startup_s,
         "wall_s": wall_s,
-        "examples_per_s": version * config.batch_size / wall_s,
+        "examples_per_s": watched.examples_at(version) / wall_s,
         "final_train_loss": steps_log[-1]["loss"] if steps_log else None,
         "test_loss": float(test_loss),
         "test_accuracy": float(test_accuracy),
         "pushes_applied": [c.pushes_applied for c in counters],  # per shard
         "pushes_duplicate": sum(c.pushes_duplicate for c in counters),
         "pushes_rejected": sum(c.pushes_rejected for c in counters),
+        **mode_summary(config, watched, counters),
+        # Test accuracy along the way (eval_points), then at the end.
+        "evals": curve + [{
+            "version": version, "examples": watched.examples_at(version), "wall_s": wall_s,
+            "test_loss": float(test_loss), "test_accuracy": float(test_accuracy),
+        }],
         "placement": shard_records + worker_records,
+        "placement_group": reservation.summary(),
+        "train_started_at_s": t_train,  # seconds since the epoch; metrics' wall_s counts from here
         # Per worker, each tower's device and its share of the worker's rows (at the end).
         "towers": [{"rank": r, "towers": t} for r, t in enumerate(towers)],
         "worker_time_s": [
-            {"rank": r.rank, "pull": r.pull_s, "compute": r.compute_s, "push": r.push_s}
+            {"rank": r.rank, "pull": r.pull_s, "compute": r.compute_s, "push": r.push_s,
+             "steps": r.steps, "pushes_dropped": r.pushes_dropped,
+             "versions_skipped": r.versions_skipped}
             for r in reports
         ],
         "run_dir": run_dir,
@@ -160,53 +188,9 @@ def _worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
         seed=config.seed,
         slow_factor=config.slow_factor(rank),
         pull_timeout_s=config.pull_timeout_s,
+        mode=config.mode,
+        end_version=config.end_version,
     )
-
-
-def _watch(config, workers, client, run_dir, t_train, progress):
-    """Run every worker to the end, logging the shards' steps as they apply.
-
-    Returns (worker reports, logged metric records). A failing worker raises
-    here at once; the caller stops the rest.
-    """
-    pending = {w.run.remote(): w for w in workers}
-    done: dict = {}
-    logged: list[dict] = []
-    last = (0, t_train)  # (version, time) of the previous metrics record
-    seen = 0
-    # Every worker pulls and pushes every parameter once per step.
-    parameters = sum(s.nbytes for s in client.plan.slices) // 4
-    wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
-    bar = tqdm(total=config.steps, unit="step", disable=None if progress is None else not progress)
-    with bar, open(os.path.join(run_dir, "metrics.jsonl"), "w") as metrics:
-        while pending or seen < config.steps:
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S) if pending else ([], [])
-            for ref in ready:
-                done[ref] = _get([ref])[0]
-                del pending[ref]
-            # Shard 0 sees every step; its records carry the step's mean loss.
-            for record in client.status(since_version=seen)[0].steps:
-                seen = record.version
-                bar.update(1)
-                if seen % config.log_every and seen != config.steps:
-                    continue
-                rate = config.batch_size * (seen - last[0]) / max(record.applied_at_s - last[1], 1e-9)
-                entry = {
-                    "step": seen,
-                    "loss": record.loss,
-                    "examples_per_s": rate,
-                    "wall_s": record.applied_at_s - t_train,
-                    "wire_bytes_per_step": wire_bytes_per_step,
-                }
-                last = (seen, record.applied_at_s)
-                logged.append(entry)
-                metrics.write(json.dumps(entry) + "\n")
-                bar.set_postfix(loss=f"{record.loss:.4f}", ex_per_s=f"{rate:,.0f}")
-            if not pending and seen < config.steps:
-                raise ClusterError(
-                    f"every worker finished but the shards reached only step {seen} of {config.steps}"
-                )
-    return sorted(done.values(), key=lambda r: r.rank), logged
 
 
 def _get(refs: list) -> list:

@@ -6,12 +6,20 @@
 
 A Ray session that is already initialised (a test fixture, a notebook) is
 used as it is and left running.
+
+Authentication: Ray 2.60 clusters started where `~/.ray/auth_token` exists
+use token authentication, and a driver that joins one by explicit address
+must say so too (`RAY_AUTH_MODE=token`, the token in `~/.ray/auth_token` or
+`RAY_AUTH_TOKEN`); otherwise Ray retries for about 20 s and fails. towerps
+leaves the mode to Ray's own variable (set where the cluster starts, see
+deploy/README.md) and only names it when joining fails.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,6 +29,8 @@ from towerps.errors import ClusterError
 
 # Actors print through the driver; TensorFlow's C++ start-up chatter is noise.
 ACTOR_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+NODE_WAIT_TIMEOUT_S = 900.0  # cloud nodes take minutes to boot and install
+NODE_POLL_S = 2.0
 
 
 @contextmanager
@@ -33,9 +43,12 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[No
         try:
             ray.init(address=address, runtime_env={"env_vars": ACTOR_ENV}, log_to_driver=True)
         except ConnectionError as err:
+            mode = os.environ.get("RAY_AUTH_MODE", "unset")
             raise ClusterError(
-                f"could not join the Ray cluster at {address!r}: {err}. Start one with "
-                "`ray start --head`, pass its address, or omit --address to run locally"
+                f"could not join the Ray cluster at {address!r}: {err}. If the cluster uses "
+                f"token authentication (RAY_AUTH_MODE is {mode} here), set RAY_AUTH_MODE=token "
+                "and provide its token (~/.ray/auth_token or RAY_AUTH_TOKEN); otherwise start "
+                "one with `ray start --head`, or omit --address to run locally"
             ) from None
     else:
         # Local mode: logical CPUs may exceed the cores so that every actor
@@ -70,6 +83,23 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             "(`ray status` on the head node prints it), start a cluster with "
             "`ray start --head`, or omit --address to run locally"
         ) from None
+
+
+def wait_for_nodes(count: int, timeout_s: float = NODE_WAIT_TIMEOUT_S) -> None:
+    """Block until `count` nodes are alive (a cluster just launched with `ray up`
+    adds its workers over minutes); ClusterError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
+        if len(alive) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"--min-nodes {count}: only {len(alive)} node(s) joined the Ray cluster within "
+                f"{timeout_s:.0f} s ({', '.join(alive) or 'none'}); `ray status` on the head, or "
+                "`ray monitor cluster.yaml`, shows what the autoscaler is doing"
+            )
+        time.sleep(NODE_POLL_S)
 
 
 def check_resources(needed: dict[str, float]) -> None:

@@ -71,11 +71,13 @@ class PushReply(_message.Message):
         APPLIED: _ClassVar[PushReply.Outcome]
         DUPLICATE: _ClassVar[PushReply.Outcome]
         ALREADY_APPLIED: _ClassVar[PushReply.Outcome]
+        DROPPED: _ClassVar[PushReply.Outcome]
     OUTCOME_UNSPECIFIED: PushReply.Outcome
     BUFFERED: PushReply.Outcome
     APPLIED: PushReply.Outcome
     DUPLICATE: PushReply.Outcome
     ALREADY_APPLIED: PushReply.Outcome
+    DROPPED: PushReply.Outcome
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     outcome: PushReply.Outcome
@@ -115,19 +117,21 @@ class StatusRequest(_message.Message):
     def __init__(self, since_version: _Optional[int] = ...) -> None: ...
 
 class StepRecord(_message.Message):
-    __slots__ = ("version", "loss", "num_examples", "applied_at_s")
+    __slots__ = ("version", "loss", "num_examples", "applied_at_s", "staleness")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     APPLIED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
     version: int
     loss: float
     num_examples: int
     applied_at_s: float
-    def __init__(self, version: _Optional[int] = ..., loss: _Optional[float] = ..., num_examples: _Optional[int] = ..., applied_at_s: _Optional[float] = ...) -> None: ...
+    staleness: int
+    def __init__(self, version: _Optional[int] = ..., loss: _Optional[float] = ..., num_examples: _Optional[int] = ..., applied_at_s: _Optional[float] = ..., staleness: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps")
+    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps", "pushes_dropped", "pushes_after_end", "gate_waits", "staleness_histogram")
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +140,10 @@ class StatusReply(_message.Message):
     PUSHES_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     PUSHES_REJECTED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_AFTER_END_FIELD_NUMBER: _ClassVar[int]
+    GATE_WAITS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
     shard_index: int
     version: int
     num_parameters: int
@@ -144,4 +152,8 @@ class StatusReply(_message.Message):
     pushes_duplicate: int
     pushes_rejected: int
     steps: _containers.RepeatedCompositeFieldContainer[StepRecord]
-    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ...) -> None: ...
+    pushes_dropped: int
+    pushes_after_end: int
+    gate_waits: int
+    staleness_histogram: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., pushes_dropped: _Optional[int] = ..., pushes_after_end: _Optional[int] = ..., gate_waits: _Optional[int] = ..., staleness_histogram: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -8,6 +8,11 @@ Errors leave as status codes that clients branch on: a malformed or
 mismatched tensor is INVALID_ARGUMENT, a push for a future step
 FAILED_PRECONDITION, a pull past its deadline DEADLINE_EXCEEDED, a shard
 that is closing UNAVAILABLE.
+
+In ssp mode a Push answers only once its worker may start its next step
+(`Shard.wait_turn`): the gradient is applied on arrival, the reply waits for
+the slowest worker to come within the staleness bound. PullRequest does not
+name its worker, so the gate sits on the push that precedes the next pull.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import grpc
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DUPLICATE, Shard
+from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DROPPED, DUPLICATE, Shard
 from towerps.wire import GRPC_OPTIONS, pull_messages, pull_wire_dtype, read_push
 
 _OUTCOMES = {
@@ -27,7 +32,9 @@ _OUTCOMES = {
     APPLIED: pb.PushReply.APPLIED,
     DUPLICATE: pb.PushReply.DUPLICATE,
     ALREADY_APPLIED: pb.PushReply.ALREADY_APPLIED,
+    DROPPED: pb.PushReply.DROPPED,
 }
+_GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
 
 
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
@@ -40,10 +47,18 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             result = self._shard.push(
                 header.worker_rank, header.step, grads, header.num_examples, header.loss
             )
+            # Answer DEADLINE_EXCEEDED ourselves a second before the caller's deadline.
+            remaining = context.time_remaining()
+            wait_s = _GATE_WAIT_S if remaining is None else max(0.0, remaining - 1.0)
+            self._shard.wait_turn(header.worker_rank, wait_s)
         except BadTensor as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except StepMismatch as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except PullTimeout as err:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
+        except ShardUnavailable as err:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         return pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
 
     def Pull(self, request, context):
@@ -73,12 +88,17 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             pushes_applied=stats.pushes_applied,
             pushes_duplicate=stats.pushes_duplicate,
             pushes_rejected=stats.pushes_rejected,
+            pushes_dropped=stats.pushes_dropped,
+            pushes_after_end=stats.pushes_after_end,
+            gate_waits=stats.gate_waits,
+            staleness_histogram=stats.staleness_histogram,
             steps=[
                 pb.StepRecord(
                     version=s.version,
                     loss=s.loss,
                     num_examples=s.num_examples,
                     applied_at_s=s.applied_at_s,
+                    staleness=s.staleness,
                 )
                 for s in stats.steps
             ],

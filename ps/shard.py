@@ -1,17 +1,30 @@
-"""A parameter-server shard: its variables, optimizer, version and the
-accumulation buffer of the step being gathered (synchronous mode).
+"""A parameter-server shard: its variables, optimizer and version, and the
+policy (ps/modes.py) that turns pushes into updates.
 
 Plain Python, no sockets and no Ray: `ps/servicer.py` adapts it to gRPC and
 `cluster/actors.py` hosts it in a Ray actor.
 
-One synchronous step on this shard:
+    sync   push(rank, step=v) from the first N-b workers -> buffer; the last of
+           the quorum averages (by examples), applies, version = v + 1, wakes
+           the pulls; a later push for v is DROPPED (counted)
+    async  push(rank, step) -> applied at once, staleness = version - step,
+           lr scaled by 1/max(1, staleness) with staleness_lr
+    ssp    as async; then wait_turn(rank) blocks while rank's clock (pushes
+           made) is more than s ahead of the slowest worker's
 
-    version v:  push(rank, step=v, grads) from every worker  ->  buffer
-                the last of the quorum: average (weighted by examples),
-                optimizer.apply, version = v + 1, wake pulls waiting for v + 1
+The end of the run: `end_version` (and `end_at`, for a time budget) is the
+last version the shard makes. Once there, every push is DROPPED, every pull
+answers with the final version at once (so a version below the pull's
+`min_version` tells a worker the run is over) and every gate is open, so no
+worker ever waits on one that has stopped.
+
+Exactly once: a push names (worker_rank, step), and a worker's steps only
+grow; a repeat is answered DUPLICATE (still in the buffer) or
+ALREADY_APPLIED and changes nothing, so the client may retry a lost answer.
 
 Thread safety: every public method holds `self._lock` (a Condition) for its
-whole body except where noted; gRPC calls it from many threads at once.
+whole body, waits included (they release it while waiting); gRPC calls in
+from many threads at once.
 """
 
 from __future__ import annotations
@@ -24,6 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.ps.aggregation import StepBuffer
+from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.wire import TensorSpec, spec_of
 
@@ -31,35 +46,44 @@ BUFFERED = "buffered"
 APPLIED = "applied"
 DUPLICATE = "duplicate"
 ALREADY_APPLIED = "already_applied"
+DROPPED = "dropped"
+
+_NO_END = 2**62  # an end version no run reaches
 
 
 @dataclass(frozen=True)
 class PushResult:
-    outcome: str  # BUFFERED | APPLIED | DUPLICATE | ALREADY_APPLIED
+    outcome: str  # BUFFERED | APPLIED | DUPLICATE | ALREADY_APPLIED | DROPPED
     version: int  # the shard's version after the push
+    staleness: int = 0  # of an async/ssp push applied now: version at apply - step
 
 
 @dataclass(frozen=True)
 class StepRecord:
-    version: int  # the version this step produced
-    loss: float  # example-weighted mean of the pushed losses
+    version: int  # the version this update produced
+    loss: float  # example-weighted mean of the losses pushed into it
     num_examples: int
     applied_at_s: float  # wall-clock time (time.time()) of the update
+    staleness: int = 0  # of the gradient applied (sync: 0)
 
 
 @dataclass
 class ShardStats:
-    pushes_applied: int = 0  # pushes that went into a step
-    pushes_duplicate: int = 0  # repeats of an accepted (worker, step), and late retries
+    pushes_applied: int = 0  # pushes that went into an update
+    pushes_duplicate: int = 0  # repeats of an accepted (worker, step)
     pushes_rejected: int = 0  # refused: bad tensors or impossible steps
+    pushes_dropped: int = 0  # sync with backups: arrived after their step was applied
+    pushes_after_end: int = 0  # arrived once the run's last version was made
+    gate_waits: int = 0  # ssp: times a worker had to wait for the slowest
+    staleness_histogram: list[int] = field(default_factory=list)  # [s] = applied pushes
     steps: list[StepRecord] = field(default_factory=list)
 
 
 class Shard:
-    """Holds a subset of the model's variables and applies synchronous steps.
+    """Holds a subset of the model's variables and applies updates by `mode`.
 
-    `variables` are copied into float32 arrays the shard owns; `num_workers`
-    pushes for a version complete its quorum.
+    `variables` are copied into float32 arrays the shard owns. `num_workers`
+    ranks 0..num_workers-1 may push. `end_version` None: no end.
     """
 
     def __init__(
@@ -68,24 +92,26 @@ class Shard:
         variables: Mapping[str, np.ndarray],
         optimizer: Optimizer,
         num_workers: int,
+        mode: Mode | None = None,
+        end_version: int | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.index = index
         self.num_workers = num_workers
+        self.mode = mode or Mode()
+        self._quorum = self.mode.quorum(num_workers)
         self._params = {n: np.array(v, dtype=np.float32) for n, v in variables.items()}
         self.specs: dict[str, TensorSpec] = {n: spec_of(v) for n, v in self._params.items()}
         self._optimizer = optimizer
         self._lock = threading.Condition()
         self._version = 0
+        self._end = _NO_END if end_version is None else end_version
         self._closed = False
         self._stats = ShardStats()
-        # The step being gathered: who pushed, the example-weighted sum of
-        # their gradients, and of their losses.
-        self._pushed: set[int] = set()
-        self._sum = {n: np.zeros_like(v) for n, v in self._params.items()}
-        self._examples = 0
-        self._loss_sum = 0.0
+        self._buffer = StepBuffer(self._params)  # sync: the step being gathered
+        self._last_step = [-1] * num_workers  # per worker: the latest step it pushed
+        self._clocks = [0] * num_workers  # per worker: gradients pushed before the end
         # Read-only copy of the parameters at `self._version`, made by the
         # first pull of a version and shared by all the others.
         self._snapshot: dict[str, np.ndarray] | None = None
@@ -94,6 +120,11 @@ class Shard:
     def version(self) -> int:
         with self._lock:
             return self._version
+
+    @property
+    def end_version(self) -> int | None:
+        with self._lock:
+            return None if self._end == _NO_END else self._end
 
     @property
     def parameter_bytes(self) -> int:
@@ -111,12 +142,11 @@ class Shard:
         num_examples: int,
         loss: float = 0.0,
     ) -> PushResult:
-        """Add one worker's gradients for `step` (= the version they were computed on).
+        """Take one worker's gradients computed on version `step`.
 
-        Idempotent per (worker_rank, step): a repeat is answered DUPLICATE, a
-        push for a step already applied ALREADY_APPLIED; neither changes
-        anything. Invalid input raises BadTensor or StepMismatch and changes
-        nothing. Never blocks on other workers.
+        Idempotent per (worker_rank, step). Invalid input raises BadTensor or
+        StepMismatch and changes nothing. Never blocks on other workers (the
+        ssp gate is `wait_turn`, called after).
         """
         with self._lock:
             try:
@@ -124,23 +154,50 @@ class Shard:
             except (BadTensor, StepMismatch):
                 self._stats.pushes_rejected += 1
                 raise
-            if step < self._version:
+            if step <= self._last_step[worker_rank]:
+                # A retry whose answer was lost: in the buffer, or long applied/dropped.
                 self._stats.pushes_duplicate += 1
-                return PushResult(ALREADY_APPLIED, self._version)
-            if worker_rank in self._pushed:
-                self._stats.pushes_duplicate += 1
-                return PushResult(DUPLICATE, self._version)
-            for name, grad in grads.items():
-                # (shape of the variable) += scalar * (same shape)
-                self._sum[name] += np.float32(num_examples) * grad
-            self._pushed.add(worker_rank)
-            self._examples += num_examples
-            self._loss_sum += loss * num_examples
+                outcome = DUPLICATE if step == self._version else ALREADY_APPLIED
+                return PushResult(outcome, self._version)
+            self._last_step[worker_rank] = step
+            if self._version >= self._end:
+                self._stats.pushes_after_end += 1
+                return PushResult(DROPPED, self._version)
+            self._clocks[worker_rank] += 1
+            if self.mode.aggregates:
+                return self._gather(worker_rank, step, grads, num_examples, loss)
+            staleness = self._version - step
             self._stats.pushes_applied += 1
-            if len(self._pushed) < self.num_workers:
-                return PushResult(BUFFERED, self._version)
-            self._apply_step()
-            return PushResult(APPLIED, self._version)
+            self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness))
+            return PushResult(APPLIED, self._version, staleness)
+
+    def _gather(self, worker_rank, step, grads, num_examples, loss) -> PushResult:
+        """Sync: add to the step being gathered; apply once the quorum is in."""
+        if step < self._version:
+            # Backup workers: the step was applied without this gradient.
+            self._stats.pushes_dropped += 1
+            return PushResult(DROPPED, self._version)
+        self._buffer.add(worker_rank, grads, num_examples, loss)
+        self._stats.pushes_applied += 1
+        if len(self._buffer) < self._quorum:
+            return PushResult(BUFFERED, self._version)
+        buffer = self._buffer
+        self._apply(buffer.mean(), buffer.loss, buffer.num_examples, 0, len(buffer), 1.0)
+        buffer.clear()
+        return PushResult(APPLIED, self._version)
+
+    def _apply(self, grads, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
+        """One optimizer update; version + 1; wake pulls and gates. Caller holds the lock."""
+        self._optimizer.apply(self._params, grads, lr_scale=lr_scale)
+        self._version += 1
+        self._snapshot = None
+        histogram = self._stats.staleness_histogram
+        histogram.extend([0] * (staleness + 1 - len(histogram)))
+        histogram[staleness] += num_pushes
+        self._stats.steps.append(
+            StepRecord(self._version, loss, num_examples, time.time(), staleness)
+        )
+        self._lock.notify_all()
 
     def _check_push(self, worker_rank, step, grads, num_examples) -> None:
         if not 0 <= worker_rank < self.num_workers:
@@ -169,64 +226,100 @@ class Shard:
                     f"expected dtype {spec.dtype} shape {spec.shape}"
                 )
 
-    def _apply_step(self) -> None:
-        """Average the gathered gradients and apply them. Caller holds the lock."""
-        scale = np.float32(1.0 / self._examples)
-        for grad_sum in self._sum.values():
-            grad_sum *= scale
-        self._optimizer.apply(self._params, self._sum)
-        self._version += 1
-        self._snapshot = None
-        self._stats.steps.append(
-            StepRecord(
-                version=self._version,
-                loss=self._loss_sum / self._examples,
-                num_examples=self._examples,
-                applied_at_s=time.time(),
-            )
-        )
-        for grad_sum in self._sum.values():
-            grad_sum.fill(0.0)
-        self._pushed.clear()
-        self._examples = 0
-        self._loss_sum = 0.0
-        self._lock.notify_all()
+    def may_proceed(self, worker_rank: int) -> bool:
+        """Whether `worker_rank` may start its next step now (the ssp gate).
+
+        True in sync and async, at the end of the run and once closed; in ssp
+        when no worker's clock is below this worker's clock minus s.
+        """
+        with self._lock:
+            return self._gate_open(worker_rank)
+
+    def _gate_open(self, worker_rank: int) -> bool:
+        bound = self.mode.clock_bound
+        if bound is None or self._closed or self._version >= self._end:
+            return True
+        return min(self._clocks) >= self._clocks[worker_rank] - bound
+
+    def wait_turn(self, worker_rank: int, timeout_s: float) -> bool:
+        """Block until `worker_rank` may start its next step; True if it had to wait.
+
+        Returns at once outside ssp. Raises PullTimeout after `timeout_s`,
+        ShardUnavailable once closed.
+        """
+        with self._lock:
+            if self._gate_open(worker_rank):
+                return False
+            self._stats.gate_waits += 1
+            ready = self._lock.wait_for(lambda: self._gate_open(worker_rank), timeout=timeout_s)
+            if self._closed:
+                raise ShardUnavailable(f"shard {self.index} is shutting down")
+            if not ready:
+                slowest = min(range(self.num_workers), key=self._clocks.__getitem__)
+                raise PullTimeout(
+                    f"shard {self.index}: worker {worker_rank} at clock "
+                    f"{self._clocks[worker_rank]} waited {timeout_s:g} s for the slowest "
+                    f"worker ({slowest}, clock {self._clocks[slowest]}) to come within "
+                    f"--staleness {self.mode.clock_bound}"
+                )
+            return True
 
     def pull(self, min_version: int, timeout_s: float) -> tuple[int, dict[str, np.ndarray]]:
-        """Block until version >= min_version, then return (version, parameters).
+        """Block until version >= min_version (or the run's end), then return
+        (version, parameters).
 
-        The arrays are a read-only snapshot: later steps do not change them.
+        The version is below `min_version` only when the run ended there. The
+        arrays are a read-only snapshot: later steps do not change them.
         Raises PullTimeout after `timeout_s`, ShardUnavailable once closed.
         """
         with self._lock:
+            target = min(min_version, self._end)
             ready = self._lock.wait_for(
-                lambda: self._version >= min_version or self._closed, timeout=timeout_s
+                lambda: self._version >= min(target, self._end) or self._closed,
+                timeout=timeout_s,
             )
             if self._closed:
                 raise ShardUnavailable(f"shard {self.index} is shutting down")
             if not ready:
+                waiting = (
+                    f"; {len(self._buffer)} of {self._quorum} workers have pushed for it"
+                    if self.mode.aggregates else ""
+                )
                 raise PullTimeout(
                     f"shard {self.index}: version {min_version} did not appear within "
-                    f"{timeout_s:g} s (the shard is at version {self._version}; "
-                    f"{len(self._pushed)} of {self.num_workers} workers have pushed for it)"
+                    f"{timeout_s:g} s (the shard is at version {self._version}{waiting})"
                 )
             if self._snapshot is None:
                 self._snapshot = {n: _frozen_copy(v) for n, v in self._params.items()}
             return self._version, self._snapshot
 
+    def end_at(self, version: int) -> int:
+        """Make `version` (or the current one, if later) the last; returns the end in force.
+
+        Never moves the end later. Wakes every pull and gate.
+        """
+        with self._lock:
+            self._end = min(self._end, max(version, self._version))
+            self._lock.notify_all()
+            return self._end
+
     def stats(self, since_version: int = 0) -> tuple[int, ShardStats]:
         """(version, counters with the step records after `since_version`)."""
         with self._lock:
-            steps = [s for s in self._stats.steps if s.version > since_version]
+            s = self._stats
             return self._version, ShardStats(
-                pushes_applied=self._stats.pushes_applied,
-                pushes_duplicate=self._stats.pushes_duplicate,
-                pushes_rejected=self._stats.pushes_rejected,
-                steps=steps,
+                pushes_applied=s.pushes_applied,
+                pushes_duplicate=s.pushes_duplicate,
+                pushes_rejected=s.pushes_rejected,
+                pushes_dropped=s.pushes_dropped,
+                pushes_after_end=s.pushes_after_end,
+                gate_waits=s.gate_waits,
+                staleness_histogram=list(s.staleness_histogram),
+                steps=[r for r in s.steps if r.version > since_version],
             )
 
     def close(self) -> None:
-        """Wake every waiting pull with ShardUnavailable. Idempotent."""
+        """Wake every waiting pull and gate with ShardUnavailable. Idempotent."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()

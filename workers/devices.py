@@ -168,7 +168,14 @@ def plan_gpus(config: DeviceConfig, num_visible: int, total_mb: Sequence[int] | 
             f"{assigned}) but TensorFlow sees none: install TensorFlow with CUDA "
             "(pip install 'towerps[gpu]'), or train on CPUs with --gpus-per-worker 0"
         )
-    chosen = list(config.gpus) if config.gpus is not None else list(range(num_visible))
+    wanted = max(1, math.ceil(config.gpus_per_worker))  # a fraction still sees one GPU
+    if config.gpus is None and num_visible < wanted:
+        raise ConfigError(
+            f"--gpus-per-worker {config.gpus_per_worker:g} but TensorFlow sees only "
+            f"{num_visible} GPU(s) ({assigned}); ask for {num_visible} or fix the GPU set-up"
+        )
+    # Outside Ray more GPUs may be visible than asked for: the first ones serve.
+    chosen = list(config.gpus) if config.gpus is not None else list(range(wanted))
     missing = [i for i in chosen if i >= num_visible]
     if missing:
         raise ConfigError(

@@ -175,12 +175,15 @@ class TowerGroup:
                 f"a worker's batch of {n} rows cannot feed its {k} towers; use a global "
                 f"batch of at least {k} rows per worker"
             )
-        # One row each, then the rest by largest remainder of the shares.
-        exact = self._weights * (n - k)
+        # Largest remainder of the shares, then a row for any tower left with none.
+        exact = self._weights * n
         rows = np.floor(exact).astype(int)
-        for i in np.argsort(-(exact - rows), kind="stable")[: n - k - rows.sum()]:
+        for i in np.argsort(-(exact - rows), kind="stable")[: n - rows.sum()]:
             rows[i] += 1
-        edges = np.concatenate([[0], np.cumsum(rows + 1)])
+        for i in np.flatnonzero(rows == 0):
+            rows[np.argmax(rows)] -= 1
+            rows[i] = 1
+        edges = np.concatenate([[0], np.cumsum(rows)])
         return [(int(edges[i]), int(edges[i + 1])) for i in range(k)]
 
     def _rebalance(self) -> None:

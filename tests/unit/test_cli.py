@@ -48,6 +48,11 @@ def test_unknown_values_are_refused_by_the_parser(capsys, argv, message):
         (["--dataset", "cifar10", "--model", "mlp", "--no-download"], "cifar-10-binary.tar.gz"),
         (["--dataset", "fashion_mnist", "--model", "cifar10_cnn"], "choose a model made for fashion_mnist"),
         (["--num-ps", "20"], "use --num-ps 19 or fewer"),
+        (["--mode", "ssp"], "--mode ssp needs --staleness S >= 0"),
+        (["--mode", "async", "--staleness", "2"], "--staleness 2 bounds --mode ssp only"),
+        (["--staleness-lr"], "--staleness-lr scales late gradients of --mode async or ssp"),
+        (["--backup-workers", "2", "--num-workers", "2"], "must be below --num-workers 2"),
+        (["--budget-s", "0"], "--budget-s must be positive"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(capsys, tmp_path, argv, message):
@@ -58,6 +63,23 @@ def test_bad_input_exits_2_with_one_clear_line(capsys, tmp_path, argv, message):
     assert err.startswith("towerps: error: ")
     assert message in err
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "modes, message",
+    [
+        ("sync,hogwild", "mode 'hogwild' is not known; write sync, backup:B"),
+        ("sync,async,sync", "names sync more than once"),
+        ("sync,backup:2", "--backup-workers 2 must be below --num-workers 2"),
+    ],
+)
+def test_compare_refuses_bad_modes_before_anything_trains(capsys, tmp_path, modes, message):
+    code = cli.main(["compare", "--dataset", "synthetic", "--modes", modes,
+                     "--run-dir", str(tmp_path / "cmp")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("towerps: error: ") and message in err
+    assert not (tmp_path / "cmp").exists()
 
 
 def test_config_names_the_fix():

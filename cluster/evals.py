@@ -1,0 +1,74 @@
+"""Test accuracy along a run, without slowing the run down.
+
+    snapshots = Snapshots(points=16)
+    ...while training, every poll:
+        if snapshots.due(wall_s):
+            snapshots.add(version, wall_s, client.pull(min_version=0, ...)[1])
+    ...after training:
+        curve = evaluate(snapshots.items, tower, model, x_test, y_test, examples_at)
+
+Training only copies the parameters (one pull); the test set is evaluated
+after the workers are done, so the wall times of the curve are those of
+training alone. Snapshots stay evenly spaced in wall time whatever the run's
+length: once 2 * points are held, every other one is dropped and the
+interval doubles, so between `points` and 2 * points remain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int  # the lowest shard version of the pulled parameters
+    wall_s: float  # since training started
+    params: dict[str, np.ndarray]
+
+
+class Snapshots:
+    def __init__(self, points: int, interval_s: float = 0.25):
+        if points < 1:
+            raise ValueError(f"points must be at least 1, got {points}")
+        self.points = points
+        self.interval_s = interval_s
+        self.items: list[Snapshot] = []
+
+    def due(self, wall_s: float) -> bool:
+        """Whether a snapshot taken at `wall_s` keeps the spacing."""
+        return not self.items or wall_s - self.items[-1].wall_s >= self.interval_s
+
+    def add(self, version: int, wall_s: float, params: dict[str, np.ndarray]) -> None:
+        self.items.append(Snapshot(version, wall_s, params))
+        if len(self.items) >= 2 * self.points:
+            self.items = self.items[::2]
+            self.interval_s *= 2
+
+
+def evaluate(
+    snapshots: list[Snapshot],
+    tower,
+    model,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    examples_at: Callable[[int], int],
+) -> list[dict]:
+    """Test loss and accuracy of every snapshot, in order; sets `tower`'s weights.
+
+    `examples_at(version)` is the number of training examples behind a version.
+    """
+    curve = []
+    for snap in snapshots:
+        tower.set_weights(snap.params)
+        loss, accuracy = model.evaluate(x_test, y_test, batch_size=1024, verbose=0)
+        curve.append({
+            "version": snap.version,
+            "examples": examples_at(snap.version),
+            "wall_s": snap.wall_s,
+            "test_loss": float(loss),
+            "test_accuracy": float(accuracy),
+        })
+    return curve

@@ -1,0 +1,173 @@
+"""Watching a run: the workers, the shards' update log, metrics.jsonl, the time budget.
+
+    result = watch(config, workers, shards, client, run_dir, t_train, progress, get)
+
+While the workers run, the driver polls shard 0's update log (every shard
+makes every update; shard 0's records carry the loss, examples and staleness
+of each one) for the progress bar and `metrics.jsonl`; a worker that fails
+raises here at once. With `budget_s`, once the budget is spent the shards
+are told to end at the next version (`Shard.end_at`); the workers see the
+end in their next pull and stop. With `eval_points`, parameter snapshots
+are taken along the way (cluster/evals.py) for the test-accuracy curve.
+
+A metrics record covers the updates since the previous one: one every
+`log_every` global batches of examples (log_every updates in sync,
+log_every * num_workers pushes in async/ssp), and one at the end.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ray
+from tqdm import tqdm
+
+from towerps.cluster.evals import Snapshot, Snapshots
+from towerps.errors import ClusterError
+
+POLL_S = 0.25  # how often the driver reads the update log while workers run
+
+
+@dataclass
+class WatchResult:
+    reports: list  # each worker's WorkerReport, by rank
+    metrics: list[dict]  # the records written to metrics.jsonl
+    snapshots: list[Snapshot]  # parameters along the way (empty without eval_points)
+    ended_early: bool  # the time budget ended the run before --steps
+    versions: list[int] = field(default_factory=list)  # shard 0's updates, in order
+    examples: list[int] = field(default_factory=list)  # training examples up to each
+
+    def examples_at(self, version: int) -> int:
+        """Training examples applied by shard 0 up to and including `version`."""
+        i = bisect.bisect_right(self.versions, version)
+        return self.examples[i - 1] if i else 0
+
+
+class _Window:
+    """The updates since the last metrics record."""
+
+    def __init__(self, t_start: float):
+        self.t_start = t_start
+        self.updates = self.examples = self.staleness_sum = self.staleness_max = 0
+        self.loss_sum = 0.0
+
+    def add(self, record) -> None:
+        self.updates += 1
+        self.examples += record.num_examples
+        self.loss_sum += record.loss * record.num_examples
+        self.staleness_sum += record.staleness
+        self.staleness_max = max(self.staleness_max, record.staleness)
+
+
+def watch(config, workers, shards, client, run_dir: str, t_train: float,
+          progress: bool | None, get: Callable[[list], list]) -> WatchResult:
+    """Run every worker to the end, logging the shards' updates as they apply.
+
+    `get` is ray.get that re-raises towerps errors. A failing worker raises
+    here at once; the caller stops the rest. Blocks until every worker is done.
+    """
+    mode = config.mode_policy
+    target = config.end_version
+    per_log = config.log_every * mode.updates_per_step(config.num_workers)
+    result = WatchResult([], [], [], False)
+    snapshots = Snapshots(config.eval_points) if config.eval_points else None
+    pending = {w.run.remote(): w for w in workers}
+    done: dict = {}
+    window, seen, total = _Window(t_train), 0, 0
+    # Every worker pulls and pushes every parameter once per step.
+    parameters = sum(s.nbytes for s in client.plan.slices) // 4
+    wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
+    bar = tqdm(total=None if config.budget_s is not None else target, unit="update",
+               disable=None if progress is None else not progress)
+    with bar, open(os.path.join(run_dir, "metrics.jsonl"), "w") as metrics:
+
+        def log(record, dropped: int) -> None:
+            nonlocal window
+            entry = {
+                "step": record.version,
+                "examples": total,
+                "loss": window.loss_sum / max(window.examples, 1),
+                "examples_per_s": window.examples / max(record.applied_at_s - window.t_start, 1e-9),
+                "wall_s": record.applied_at_s - t_train,
+                "staleness_mean": window.staleness_sum / max(window.updates, 1),
+                "staleness_max": window.staleness_max,
+                "pushes_dropped": dropped,  # shard 0, so far
+                "wire_bytes_per_step": wire_bytes_per_step,
+            }
+            result.metrics.append(entry)
+            metrics.write(json.dumps(entry) + "\n")
+            bar.set_postfix(loss=f"{entry['loss']:.4f}", ex_per_s=f"{entry['examples_per_s']:,.0f}")
+            window = _Window(record.applied_at_s)
+
+        last = None
+        while True:
+            if pending:
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
+                for ref in ready:
+                    done[ref] = get([ref])[0]
+                    del pending[ref]
+            replies = client.status(since_version=seen)
+            for record in replies[0].steps:
+                seen, last = record.version, record
+                total += record.num_examples
+                result.versions.append(seen)
+                result.examples.append(total)
+                window.add(record)
+                bar.update(1)
+                if seen % per_log == 0 or seen == target:
+                    log(record, replies[0].pushes_dropped)
+            if not pending:
+                break
+            now = time.time() - t_train
+            if config.budget_s is not None and not result.ended_early and now >= config.budget_s:
+                # End at the next version: a sync step under way completes.
+                end = max(r.version for r in replies) + 1
+                target = min(target, get([s.end_at.remote(end) for s in shards])[0])
+                result.ended_early = target < config.end_version
+            if snapshots is not None and snapshots.due(now):
+                version, params = client.pull(min_version=0, timeout_s=config.pull_timeout_s)
+                snapshots.add(version, time.time() - t_train, params)
+        if window.updates:
+            log(last, replies[0].pushes_dropped)
+    if not result.ended_early and seen < target:
+        raise ClusterError(
+            f"every worker finished but the shards reached only version {seen} of {target}"
+        )
+    result.reports = sorted(done.values(), key=lambda r: r.rank)
+    result.snapshots = snapshots.items if snapshots is not None else []
+    return result
+
+
+def mode_summary(config, result: WatchResult, counters: list) -> dict:
+    """The summary.json fields of the mode: staleness, dropped pushes, the budget.
+
+    `counters` are every shard's final StatusReply; staleness is shard 0's
+    (each shard measures its own; they differ only by pushes in flight).
+    """
+    histogram = [int(c) for c in counters[0].staleness_histogram]
+    applied = sum(histogram)
+    mode = config.mode_policy
+    return {
+        "mode_label": mode.label,
+        "staleness_bound": config.staleness,
+        "staleness_lr": config.staleness_lr,
+        "backup_workers": config.backup_workers,
+        "budget_s": config.budget_s,
+        "ended_early": result.ended_early,
+        "updates_per_step": mode.updates_per_step(config.num_workers),
+        "examples": result.examples[-1] if result.examples else 0,
+        "staleness": {
+            "mean": sum(s * n for s, n in enumerate(histogram)) / applied if applied else 0.0,
+            "max": max((s for s, n in enumerate(histogram) if n), default=0),
+            "histogram": histogram,  # [s]: pushes applied with staleness s
+        },
+        # Per shard: with several shards a late gradient is counted by each that dropped it.
+        "pushes_dropped": [c.pushes_dropped for c in counters],
+        "pushes_after_end": [c.pushes_after_end for c in counters],
+        "gate_waits": [c.gate_waits for c in counters],
+    }

@@ -1,0 +1,140 @@
+"""How a shard turns pushes into updates: sync, async and SSP as one policy.
+
+    Mode("sync")                      every worker's gradient of version v, averaged
+    Mode("sync", backup_workers=1)    ... of the first N-1 to arrive; the last is dropped
+    Mode("async")                     every push applied alone, as it arrives
+    Mode("async", staleness_lr=True)  ... with lr / max(1, staleness)
+    Mode("ssp", staleness=2)          async, but no worker runs > 2 clocks ahead
+
+Two independent knobs make the three modes:
+
+- **aggregation**: `sync` gathers a quorum of pushes computed on the shard's
+  current version and applies their example-weighted mean as one update;
+  `async` and `ssp` apply each push alone the moment it arrives.
+- **the clock gate**: a worker's clock is the number of gradients it has
+  pushed. Under `ssp` with bound s, a worker at clock c may start its next
+  step only once every worker's clock is >= c - s; `async` is the same gate
+  with s = infinity (None: never waits). s = 0 keeps the workers in lockstep
+  like sync, but each gradient is still applied alone (no aggregation).
+
+Staleness of an applied push = the shard's version when it is applied minus
+the version its gradient was computed on. Sync steps have staleness 0.
+
+`Mode.parse("ssp:2")` reads the names `towerps compare --modes` takes:
+sync, backup:B (sync with B backup workers), async, ssp:S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from towerps.errors import ConfigError
+
+MODES = ("sync", "async", "ssp")
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str = "sync"
+    staleness: int | None = None  # ssp: the bound s on clock drift; None for the others
+    staleness_lr: bool = False  # async/ssp: divide the lr of a push by its staleness
+    backup_workers: int = 0  # sync: a step does not wait for the last b workers
+
+    def __post_init__(self):
+        if self.name not in MODES:
+            raise ConfigError(f"--mode {self.name!r} is not known; choose one of {', '.join(MODES)}")
+        if self.name == "ssp":
+            if self.staleness is None or isinstance(self.staleness, bool) or self.staleness < 0:
+                raise ConfigError(
+                    f"--mode ssp needs --staleness S >= 0 (got {self.staleness!r}); "
+                    "0 keeps workers in lockstep, larger values approach async"
+                )
+        elif self.staleness is not None:
+            raise ConfigError(
+                f"--staleness {self.staleness} bounds --mode ssp only; drop it or use --mode ssp"
+            )
+        if self.staleness_lr and self.name == "sync":
+            raise ConfigError(
+                "--staleness-lr scales late gradients of --mode async or ssp; sync gradients "
+                "are never late: drop the flag or choose another mode"
+            )
+        if self.backup_workers < 0:
+            raise ConfigError(f"--backup-workers must be 0 or more, got {self.backup_workers}")
+        if self.backup_workers and self.name != "sync":
+            raise ConfigError(
+                f"--backup-workers {self.backup_workers} applies to --mode sync only "
+                f"(--mode {self.name} never waits for a quorum); drop it"
+            )
+
+    @property
+    def aggregates(self) -> bool:
+        """True: pushes for a version are averaged into one step (sync)."""
+        return self.name == "sync"
+
+    @property
+    def clock_bound(self) -> int | None:
+        """How many clocks a worker may run ahead of the slowest; None: unbounded."""
+        return self.staleness if self.name == "ssp" else None
+
+    def quorum(self, num_workers: int) -> int:
+        """Pushes that complete a sync step: all workers but the backups."""
+        if self.backup_workers >= num_workers:
+            raise ConfigError(
+                f"--backup-workers {self.backup_workers} must be below --num-workers "
+                f"{num_workers} (a step needs at least one gradient); use at most {num_workers - 1}"
+            )
+        return num_workers - self.backup_workers
+
+    def lr_scale(self, staleness: int) -> float:
+        """The factor on the learning rate of one push applied with `staleness`.
+
+        Staleness-aware async SGD (Zhang et al., IJCAI 2016) divides the rate
+        by the staleness; a fresh gradient (staleness 0) keeps the full rate,
+        so the divisor is max(1, staleness).
+        """
+        return 1.0 / max(1, staleness) if self.staleness_lr else 1.0
+
+    def updates_per_step(self, num_workers: int) -> int:
+        """Shard versions one global batch of examples makes: one sync step,
+        or one push per worker (each of batch/num_workers examples)."""
+        return 1 if self.aggregates else num_workers
+
+    @property
+    def label(self) -> str:
+        """The name `parse` reads back: sync, backup:1, async, ssp:2 (+lr)."""
+        if self.name == "sync":
+            text = f"backup:{self.backup_workers}" if self.backup_workers else "sync"
+        elif self.name == "ssp":
+            text = f"ssp:{self.staleness}"
+        else:
+            text = "async"
+        return text + ("+lr" if self.staleness_lr else "")
+
+    @classmethod
+    def parse(cls, text: str, staleness_lr: bool = False) -> Mode:
+        """sync | backup:B | async | ssp:S, optionally ending in +lr (staleness-aware lr).
+
+        `staleness_lr=True` turns the lr scaling on for async and ssp entries
+        (sync ignores it: its gradients are never late).
+        """
+        spec = text.strip()
+        if spec.endswith("+lr"):
+            spec, staleness_lr = spec[: -len("+lr")], True
+        name, _, arg = spec.partition(":")
+        slr = staleness_lr and name in ("async", "ssp")
+        try:
+            if name == "sync" and not arg:
+                return cls("sync")
+            if name == "backup" and arg:
+                return cls("sync", backup_workers=int(arg))
+            if name == "async" and not arg:
+                return cls("async", staleness_lr=slr)
+            if name == "ssp" and arg:
+                return cls("ssp", staleness=int(arg), staleness_lr=slr)
+        except ValueError as err:
+            if isinstance(err, ConfigError):
+                raise
+        raise ConfigError(
+            f"mode {text!r} is not known; write sync, backup:B (sync with B backup workers), "
+            "async or ssp:S (S >= 0), optionally ending in +lr, e.g. --modes sync,async,ssp:2"
+        )

@@ -1,0 +1,158 @@
+"""A worker's TowerGroup: the same gradient as one tower, any split of the rows.
+
+    .venv/bin/python -m pytest tests/unit/test_towers.py
+
+Most tests put several replicas on /CPU:0 (what splits, averages and
+balances does not depend on the device); the one that needs several logical
+CPU devices runs in a fresh process (tests/unit/fresh.py says why).
+"""
+
+import numpy as np
+import pytest
+
+from tests.unit.fresh import run_fresh
+from towerps.errors import ConfigError
+from towerps.ps.optimizers import make_optimizer
+from towerps.workers import Tower, build_model, load_dataset
+from towerps.workers.towers import TowerGroup
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_dataset("synthetic", seed=1)
+
+
+def make_model(data, name="mlp"):
+    return lambda: build_model(name, data.input_shape, data.num_classes, seed=1)
+
+
+def group_of(data, k, **kwargs):
+    return TowerGroup.build(make_model(data), ["/CPU:0"] * k, **kwargs)
+
+
+def assert_same_gradients(got, want):
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_two_towers_train_to_the_same_weights_as_one_tower(data):
+    """Parity: SGD with a fixed seed, global batch 64, one tower vs two."""
+    one, two = Tower(make_model(data)()), group_of(data, 2)
+    params_one, params_two = one.get_weights(), two.get_weights()
+    sgd_one, sgd_two = make_optimizer("sgd", 0.1), make_optimizer("sgd", 0.1)
+    for step in range(5):
+        x, y = data.train_batch(step, 1, 64, slice(0, 64))
+        one.set_weights(params_one)
+        two.set_weights(params_two)
+        grads_one, loss_one = one.compute_gradients(x, y)
+        grads_two, loss_two = two.compute_gradients(x, y)
+        assert loss_two == pytest.approx(loss_one, rel=1e-5)
+        sgd_one.apply(params_one, grads_one)
+        sgd_two.apply(params_two, grads_two)
+    assert two.report() == [{"device": "/CPU:0", "share": 0.5, "rows": 32}] * 2
+    for name in params_one:
+        np.testing.assert_allclose(params_two[name], params_one[name], rtol=1e-5, atol=1e-6)
+    assert any(np.abs(params_one[n] - one.get_weights()[n]).max() > 1e-3 for n in params_one)
+
+
+def test_uneven_shares_still_give_the_gradient_of_all_rows(data):
+    one, three = Tower(make_model(data)()), group_of(data, 3)
+    three._weights = np.array([0.7, 0.2, 0.1])  # as measured balancing would leave them
+    x, y = data.train_batch(0, 1, 50, slice(0, 50))
+    three.set_weights(one.get_weights())
+    grads, loss = three.compute_gradients(x, y)
+    want, want_loss = one.compute_gradients(x, y)
+    assert [t["rows"] for t in three.report()] == [35, 10, 5]
+    assert_same_gradients(grads, want)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+
+
+def test_set_weights_reaches_every_replica(data):
+    group = group_of(data, 2)
+    params = {n: np.full_like(w, 0.25) for n, w in group.get_weights().items()}
+    group.set_weights(params)
+    for tower in group.towers:
+        assert all(np.all(w == 0.25) for w in tower.get_weights().values())
+
+
+def test_rows_split_contiguously_with_at_least_one_row_per_tower(data):
+    group = group_of(data, 3)
+    group._weights = np.array([0.98, 0.01, 0.01])
+    assert group._bounds(10) == [(0, 8), (8, 9), (9, 10)]  # 9.8, 0.1, 0.1 rows
+    group._weights = np.full(3, 1 / 3)
+    assert group._bounds(10) == [(0, 4), (4, 7), (7, 10)]
+    with pytest.raises(ConfigError, match="batch of 2 rows cannot feed its 3 towers"):
+        group._bounds(2)
+
+
+def test_measured_balancing_moves_rows_away_from_a_slow_tower(data):
+    """Tower 1 is made 10x slower (test-only delay): after the measuring
+    window it gets far fewer rows, and the step is still the whole batch's."""
+    one = Tower(make_model(data)())
+    group = group_of(data, 2, balance="measured", slow_tower="1:10", warmup_steps=1,
+                     window_steps=3)
+    params = one.get_weights()
+    for step in range(6):
+        x, y = data.train_batch(step, 1, 64, slice(0, 64))
+        group.set_weights(params)
+        one.set_weights(params)
+        grads, _ = group.compute_gradients(x, y)
+        assert_same_gradients(grads, one.compute_gradients(x, y)[0])
+    fast, slow = group.report()
+    assert slow["share"] < 0.3 < 0.7 < fast["share"]
+    assert slow["rows"] < fast["rows"] and slow["rows"] + fast["rows"] == 64
+
+
+def test_equal_balancing_ignores_speed(data):
+    group = group_of(data, 2, slow_tower="1:10", warmup_steps=1, window_steps=2)
+    x, y = data.train_batch(0, 1, 64, slice(0, 64))
+    for _ in range(4):
+        group.compute_gradients(x, y)
+    assert group.shares == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(slow_tower="2:3"), "names tower 2 but the worker has 2"),
+        (dict(slow_tower="1"), "must be INDEX:FACTOR"),
+        (dict(balance="fastest"), "balance 'fastest' is not known"),
+    ],
+)
+def test_bad_group_settings_fail_with_the_fix(data, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        group_of(data, 2, **kwargs)
+
+
+def test_zero_towers_is_refused():
+    with pytest.raises(ConfigError, match="at least one tower"):
+        TowerGroup([])
+
+
+def test_towers_on_two_logical_cpus_hold_their_own_variables_and_match_one_tower():
+    result = run_fresh("""
+        import json
+        import numpy as np
+        from towerps.workers.devices import DeviceConfig, configure_devices
+        devices = configure_devices(DeviceConfig(cpu_towers=2))
+        from towerps.workers import Tower, build_model, load_dataset
+        from towerps.workers.towers import TowerGroup
+        data = load_dataset("synthetic", seed=2)
+        make = lambda: build_model("cnn", data.input_shape, data.num_classes, seed=2)
+        group, one = TowerGroup.build(make, devices), Tower(make())
+        x, y = data.train_batch(0, 2, 32, slice(0, 32))
+        group.set_weights(one.get_weights())
+        got, want = group.compute_gradients(x, y)[0], one.compute_gradients(x, y)[0]
+        print(json.dumps({
+            "devices": group.devices,
+            "homes": [t.model.trainable_variables[0].value.device.split("device:")[-1]
+                      for t in group.towers],
+            "max_diff": max(float(np.abs(got[n] - want[n]).max()) for n in want),
+        }))
+    """)
+    assert result["devices"] == ["/CPU:0", "/CPU:1"]
+    assert result["homes"] == ["CPU:0", "CPU:1"]
+    assert result["max_diff"] < 1e-5
