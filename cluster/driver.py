@@ -144,7 +144,9 @@ def train(config: TrainConfig, progress: bool | None = None) -> dict:
         "num_parameters": int(sum(variable_bytes.values()) // 4),
         "shard_bytes": plan.shard_bytes(),
         "wire_dtype": config.wire_dtype,
-        "wire_bytes_per_step": sum(r.bytes_sent + r.bytes_received for r in reports) / version,
+        # per global batch: every worker's loop runs once per global batch
+        "wire_bytes_per_step": sum(r.bytes_sent + r.bytes_received for r in reports)
+        / max(1, max(r.steps for r in reports)),
         "startup_s": startup_s,
         "wall_s": wall_s,
         "examples_per_s": watched.examples_at(version) / wall_s,

@@ -55,6 +55,7 @@ class _Window:
         self.t_start = t_start
         self.updates = self.examples = self.staleness_sum = self.staleness_max = 0
         self.loss_sum = 0.0
+        self.histogram: list[int] = []  # [s]: updates with staleness s
 
     def add(self, record) -> None:
         self.updates += 1
@@ -62,6 +63,8 @@ class _Window:
         self.loss_sum += record.loss * record.num_examples
         self.staleness_sum += record.staleness
         self.staleness_max = max(self.staleness_max, record.staleness)
+        self.histogram.extend([0] * (record.staleness + 1 - len(self.histogram)))
+        self.histogram[record.staleness] += 1
 
 
 def watch(config, workers, shards, client, run_dir: str, t_train: float,
@@ -96,6 +99,7 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
                 "wall_s": record.applied_at_s - t_train,
                 "staleness_mean": window.staleness_sum / max(window.updates, 1),
                 "staleness_max": window.staleness_max,
+                "staleness_histogram": window.histogram,  # of these updates (sync: steps)
                 "pushes_dropped": dropped,  # shard 0, so far
                 "wire_bytes_per_step": wire_bytes_per_step,
             }
@@ -104,7 +108,7 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
             bar.set_postfix(loss=f"{entry['loss']:.4f}", ex_per_s=f"{entry['examples_per_s']:,.0f}")
             window = _Window(record.applied_at_s)
 
-        last = None
+        last, budget_spent = None, False
         while True:
             if pending:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
@@ -124,8 +128,9 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
             if not pending:
                 break
             now = time.time() - t_train
-            if config.budget_s is not None and not result.ended_early and now >= config.budget_s:
+            if config.budget_s is not None and not budget_spent and now >= config.budget_s:
                 # End at the next version: a sync step under way completes.
+                budget_spent = True
                 end = max(r.version for r in replies) + 1
                 target = min(target, get([s.end_at.remote(end) for s in shards])[0])
                 result.ended_early = target < config.end_version

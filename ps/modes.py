@@ -121,19 +121,16 @@ class Mode:
         if spec.endswith("+lr"):
             spec, staleness_lr = spec[: -len("+lr")], True
         name, _, arg = spec.partition(":")
+        number = int(arg) if arg.lstrip("-").isdigit() else None
         slr = staleness_lr and name in ("async", "ssp")
-        try:
-            if name == "sync" and not arg:
-                return cls("sync")
-            if name == "backup" and arg:
-                return cls("sync", backup_workers=int(arg))
-            if name == "async" and not arg:
-                return cls("async", staleness_lr=slr)
-            if name == "ssp" and arg:
-                return cls("ssp", staleness=int(arg), staleness_lr=slr)
-        except ValueError as err:
-            if isinstance(err, ConfigError):
-                raise
+        if name == "sync" and not arg:
+            return cls("sync")
+        if name == "backup" and number is not None:
+            return cls("sync", backup_workers=number)
+        if name == "async" and not arg:
+            return cls("async", staleness_lr=slr)
+        if name == "ssp" and number is not None:
+            return cls("ssp", staleness=number, staleness_lr=slr)
         raise ConfigError(
             f"mode {text!r} is not known; write sync, backup:B (sync with B backup workers), "
             "async or ssp:S (S >= 0), optionally ending in +lr, e.g. --modes sync,async,ssp:2"

@@ -7,19 +7,25 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from towerps.cluster import TrainConfig, train
-from towerps.cluster.compare import compare, parse_modes
+from towerps.cluster import TrainConfig, cli, train
+from towerps.cluster.report import PLOTS
 
 pytestmark = pytest.mark.ray
 
 
-def test_compare_runs_each_mode_on_the_same_job_and_writes_the_report(ray_cluster, tmp_path):
-    base = TrainConfig(dataset="synthetic", num_workers=2, num_ps=1, batch_size=32, steps=8,
-                       lr=0.005, log_every=4, run_dir=str(tmp_path))
-    result = compare(base, parse_modes("sync,async,ssp:1"), progress=False)
+def test_compare_runs_each_mode_on_the_same_job_and_writes_the_report(ray_cluster, tmp_path, capsys):
+    code = cli.main(["compare", "--dataset", "synthetic", "--modes", "sync,async,ssp:1",
+                     "--num-workers", "2", "--num-ps", "1", "--batch-size", "32", "--steps", "8",
+                     "--lr", "0.005", "--log-every", "4", "--run-dir", str(tmp_path)])
+    assert code == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in printed] == ["mode", "sync", "async", "ssp:1"]
 
-    by_mode = {s["mode_label"]: s for s in result["summaries"]}
-    assert list(by_mode) == ["sync", "async", "ssp:1"]
+    by_mode = {
+        label: json.loads((tmp_path / folder / "summary.json").read_text())
+        for label, folder in (("sync", "sync"), ("async", "async"), ("ssp:1", "ssp-1"))
+    }
+    assert [s["mode_label"] for s in by_mode.values()] == ["sync", "async", "ssp:1"]
     # The same examples in every mode: 8 global batches of 32, as 8 sync steps
     # or 16 pushes of one worker's 16 rows.
     assert [s["examples"] for s in by_mode.values()] == [256, 256, 256]
@@ -33,7 +39,6 @@ def test_compare_runs_each_mode_on_the_same_job_and_writes_the_report(ray_cluste
         assert (first["version"], first["examples"], first["wall_s"]) == (0, 0, 0.0)
         assert s["evals"][-1]["test_accuracy"] == s["test_accuracy"]
         assert len(s["evals"]) >= 2
-        assert (tmp_path / s["mode_label"].replace(":", "-") / "summary.json").exists()
 
     text = (tmp_path / "report.md").read_text()
     body = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
@@ -41,8 +46,8 @@ def test_compare_runs_each_mode_on_the_same_job_and_writes_the_report(ray_cluste
     assert [int(line.split("|")[2].strip()) for line in body] == [8, 16, 16]
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert [r["mode"] for r in rows] == ["sync", "async", "ssp:1"]
-    for path in result["plots"]:
-        with Image.open(path) as image:
+    for name in PLOTS:
+        with Image.open(tmp_path / name) as image:
             image.load()
             assert image.format == "PNG" and image.size[0] > 500
 
@@ -58,6 +63,8 @@ def test_async_metrics_carry_staleness_per_record(ray_cluster, tmp_path):
     assert [m["examples"] for m in metrics] == [160, 320]
     for m in metrics:
         assert m["staleness_max"] >= m["staleness_mean"] >= 0
+        assert sum(m["staleness_histogram"]) == 10
+        assert len(m["staleness_histogram"]) == m["staleness_max"] + 1
     assert summary["staleness"]["max"] == max(m["staleness_max"] for m in metrics)
     assert (summary["mode_label"], summary["steps"], summary["examples"]) == ("async+lr", 20, 320)
     assert summary["pushes_dropped"] == [0, 0]
