@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--staleness-lr", action="store_true", help="staleness-aware lr for every async/ssp mode")
     add("--target-accuracy", type=float, default=None,
         help="accuracy for the time-to-target column (default: 95%% of the best final accuracy)")
+
+    bench = commands.add_parser(
+        "bench", help="run one of the checkout's benchmarks (benchmarks/NAME.py); writes its JSON")
+    bench.add_argument("name", help="the benchmark, e.g. overhead, transport, scaling, peers, convergence")
+    bench.add_argument("--tiny", action="store_true", help="the small configuration the tests run")
+    bench.add_argument("--out", default=None,
+                       help="where the JSON goes (default benchmarks/results/NAME.json)")
     return parser
 
 
@@ -137,6 +144,8 @@ def _device_config(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     _log_to_stderr()
     try:
         from towerps.cluster.config import TrainConfig
@@ -215,6 +224,23 @@ def _compare(config, args) -> int:
         print("".join(line for line in f if line.startswith("|")), end="")
     print(f"report and plots in {result['run_dir']}")
     return 0
+
+
+def _bench(args) -> int:
+    """Run benchmarks/NAME.py of this checkout in a child Python; its exit status is ours."""
+    import subprocess
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    names = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    if args.name not in names:
+        fix = (f"choose one of {', '.join(names)}" if names else
+               f"there are none in {folder}: benchmarks run from a checkout (pip install -e .)")
+        print(f"towerps: error: unknown benchmark {args.name!r}; {fix}", file=sys.stderr)
+        return 2
+    command = [sys.executable, str(folder / f"{args.name}.py")]
+    command += ["--tiny"] * args.tiny + (["--out", args.out] if args.out else [])
+    return subprocess.call(command)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,13 @@ import ray
 
 from towerps import __version__
 from towerps.cluster.actors import (
-    ShardActor, WorkerActor, WorkerJob, actor_options, worker_resources,
+    ShardActor, WorkerActor, WorkerJob,
 )
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.evals import Snapshot, evaluate
 from towerps.cluster.monitor import mode_summary, watch
 from towerps.cluster.placement import fit_to_cluster, reserve
-from towerps.cluster.session import check_resources, ray_session
+from towerps.cluster.session import ray_session
 from towerps.errors import ClusterError, TowerpsError
 from towerps.ps.placement import plan_placement
 from towerps.workers import PSClient, Tower, WorkerSpec, build_model, load_dataset

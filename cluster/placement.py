@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from towerps.errors import ClusterError
+from towerps.errors import ClusterError, ConfigError
 
 SHARD_RESOURCES = {"CPU": 1.0}  # a shard: numpy optimizer and a gRPC server, no GPU
 PLACEMENT_TIMEOUT_S = 120.0
@@ -65,8 +65,9 @@ def plan_layout(
     slots = max(num_workers, num_ps)
     bundles = []
     for i in range(slots):
-        parts = ([shard_resources] if i < num_ps else []) + ([worker_resources] if i < num_workers else [])
-        bundles.append(_add(*parts))
+        shard = [shard_resources] if i < num_ps else []
+        worker = [worker_resources] if i < num_workers else []
+        bundles.append(_add(*shard, *worker))
     strategy = "STRICT_SPREAD" if slots <= num_nodes else "SPREAD"
     return NodeLayout(strategy, tuple(bundles), tuple(range(num_ps)), tuple(range(num_workers)))
 
@@ -90,7 +91,7 @@ def check_fits(layout: NodeLayout, nodes: Sequence[Node]) -> None:
     if short:
         raise ClusterError(
             f"the Ray cluster cannot place this job: it needs {_fmt(needed)} in all but has "
-            f"{_fmt({k: total.get(k, 0.0) for k in needed})} (short of {_fmt(short)}); add nodes, "
+            f"{_fmt(_only(total, needed))} (short of {_fmt(short)}); add nodes, "
             "or ask for fewer workers or PS shards (--num-workers, --num-ps)"
         )
     for i, bundle in enumerate(layout.bundles):
@@ -146,8 +147,12 @@ def _missing(needed: Mapping[str, float], have: Mapping[str, float]) -> dict[str
 
 
 def _lacks(node: Node, bundle: Mapping[str, float]) -> str:
-    has = {k: node.resources.get(k, 0.0) for k in bundle}
+    has = _only(node.resources, bundle)
     return f"node {node.ip} lacks {_fmt(_missing(bundle, node.resources))} (has {_fmt(has)})"
+
+
+def _only(resources: Mapping[str, float], keys: Mapping[str, float]) -> dict[str, float]:
+    return {k: resources.get(k, 0.0) for k in keys}
 
 
 def _fmt(resources: Mapping[str, float]) -> str:
@@ -182,7 +187,12 @@ def fit_to_cluster(config):
     if not config.per_node:
         return config
     count = len(alive_nodes())
-    return dataclasses.replace(config, num_workers=count, num_ps=count)
+    try:
+        return dataclasses.replace(config, num_workers=count, num_ps=count)
+    except ConfigError as err:
+        raise ConfigError(
+            f"{err} (one worker per node: the cluster has {count}; or pass --num-workers)"
+        ) from None
 
 
 class Reservation:
@@ -194,7 +204,8 @@ class Reservation:
         self._worker_actor_options = worker_actor_options
 
     def shard_options(self, index: int) -> dict:
-        return {"num_cpus": SHARD_RESOURCES["CPU"], **self._strategy(self.layout.shard_bundle[index])}
+        bundle = self.layout.shard_bundle[index]
+        return {"num_cpus": SHARD_RESOURCES["CPU"], **self._strategy(bundle)}
 
     def worker_options(self, rank: int) -> dict:
         return {**self._worker_actor_options, **self._strategy(self.layout.worker_bundle[rank])}
@@ -239,15 +250,17 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
     per_worker = worker_resources(config)
     layout = plan_layout(config.num_workers, config.num_ps, per_worker, len(nodes))
     check_fits(layout, nodes)
+    needed = _add(*layout.bundles)
     group = placement_group(list(layout.bundles), strategy=layout.strategy)
     if not group.wait(timeout_seconds=timeout_s):
         remove_placement_group(group)
         import ray
 
+        free = _only(ray.available_resources(), needed)
         raise ClusterError(
             f"Ray could not reserve {[_fmt(b) for b in layout.bundles]} ({layout.strategy}) "
-            f"within {timeout_s:.0f} s; free now: {_fmt(ray.available_resources())}. Other "
-            "jobs may hold these resources (`ray status` shows them)"
+            f"within {timeout_s:.0f} s; free now: {_fmt(free)}. Other jobs may hold these "
+            "resources (`ray status` shows them)"
         )
     return Reservation(layout, group, actor_options(per_worker))
 

@@ -100,15 +100,3 @@ def wait_for_nodes(count: int, timeout_s: float = NODE_WAIT_TIMEOUT_S) -> None:
                 "`ray monitor cluster.yaml`, shows what the autoscaler is doing"
             )
         time.sleep(NODE_POLL_S)
-
-
-def check_resources(needed: dict[str, float]) -> None:
-    """Raise ClusterError naming what is missing, instead of waiting forever."""
-    total = ray.cluster_resources()
-    missing = {k: v for k, v in needed.items() if total.get(k, 0.0) < v}
-    if missing:
-        have = {k: total.get(k, 0.0) for k in missing}
-        raise ClusterError(
-            f"the Ray cluster cannot place this job: it needs {missing} but has {have} in "
-            "all; add nodes, or ask for fewer workers or PS shards"
-        )

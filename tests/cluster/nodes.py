@@ -39,7 +39,8 @@ REAPER = ["bash", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; d
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.1):
-    """Poll `predicate` until it returns something truthy; AssertionError naming `what` after timeout."""
+    """Poll `predicate` until it returns something truthy; AssertionError naming `what`
+    after `timeout_s`. For conditions with no event to wait on (a process's exit)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()

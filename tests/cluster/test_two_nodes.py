@@ -58,9 +58,9 @@ def test_one_shard_and_one_worker_per_node_train_across_the_nodes(two_nodes, tmp
     workers = [p for p in summary["placement"] if p["role"] == "worker"]
     assert sorted(p["node_ip"] for p in shards) == [HEAD, WORKER]
     assert sorted(p["node_ip"] for p in workers) == [HEAD, WORKER]
-    for p in shards + workers:  # shard k and worker k share bundle k, hence a node
-        twin = next(q for q in shards + workers if q["role"] != p["role"] and q["index"] == p["index"])
-        assert (p["bundle"], p["node_ip"]) == (twin["bundle"], twin["node_ip"])
+    for shard, worker in zip(shards, workers):  # shard k and worker k: bundle k, one node
+        assert shard["index"] == worker["index"] == shard["bundle"] == worker["bundle"]
+        assert shard["node_ip"] == worker["node_ip"]
 
     # Each shard serves gRPC on its node's address, not on every interface...
     for shard in shards:
@@ -74,9 +74,10 @@ def test_one_shard_and_one_worker_per_node_train_across_the_nodes(two_nodes, tmp
 
     # The driver's log says where everything landed.
     for p in shards:
-        assert f"ps {p['index']} on node {p['node_ip']} (bundle {p['bundle']}) serving gRPC at {p['address']}" in run.stderr
+        where = f"ps {p['index']} on node {p['node_ip']} (bundle {p['bundle']})"
+        assert f"towerps: {where} serving gRPC at {p['address']}" in run.stderr
     for p in workers:
-        assert f"worker {p['index']} on node {p['node_ip']}" in run.stderr
+        assert f"towerps: worker {p['index']} on node {p['node_ip']}" in run.stderr
 
 
 def test_a_node_without_the_gpu_a_worker_asks_for_is_named_at_once(two_nodes, tmp_path):
@@ -85,7 +86,22 @@ def test_a_node_without_the_gpu_a_worker_asks_for_is_named_at_once(two_nodes, tm
                         "--batch-size", "64", "--run-dir", str(tmp_path), timeout_s=180)
     assert run.returncode == 2, run.stderr[-4000:]
     error = run.stderr.strip().splitlines()[-1]
-    assert error.startswith("towerps: error: the Ray cluster cannot place one PS shard and one worker")
+    assert error.startswith("towerps: error: the Ray cluster cannot place one PS shard "
+                            "and one worker on each of 2 nodes")
     assert f"node {WORKER} lacks GPU 1" in error
     assert f"node {HEAD} lacks" not in error
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_driver_without_the_clusters_auth_mode_is_told_to_set_it(two_nodes, tmp_path):
+    env = {k: v for k, v in two_nodes.env.items() if not k.startswith("RAY_AUTH")}
+    run = subprocess.run(
+        [TOWERPS, "train", "--address", two_nodes.address, "--dataset", "synthetic",
+         "--steps", "5", "--run-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 2, run.stderr[-4000:]
+    error = run.stderr.strip().splitlines()[-1]
+    joining = f"could not join the Ray cluster at '{two_nodes.address}'"
+    assert error.startswith(f"towerps: error: {joining}")
+    assert "set RAY_AUTH_MODE=token" in error
