@@ -53,7 +53,10 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[No
     else:
         # Local mode: logical CPUs may exceed the cores so that every actor
         # fits; each one is mostly waiting on the others in sync training.
+        # address="local" always starts a new instance: a plain ray.init()
+        # would join the latest cluster `ray start` left on this machine.
         ray.init(
+            address="local",
             num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
             include_dashboard=False,
             runtime_env={"env_vars": ACTOR_ENV},
