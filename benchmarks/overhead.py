@@ -1,0 +1,163 @@
+"""Overhead: towerps sync with 1 worker and 1 shard against plain single-process Keras.
+
+    .venv/bin/python benchmarks/overhead.py            # -> benchmarks/results/overhead.json
+    .venv/bin/python benchmarks/overhead.py --tiny     # what the test suite runs
+    .venv/bin/towerps bench overhead
+
+The same model (default: the classic CIFAR-10 tutorial CNN), global batch,
+optimizer and data, in one process: rounds alternate between
+
+  keras    one process, `model.train_on_batch` on batch `step` of the same
+           deterministic stream towerps reads (`DataSet.train_batch`), with
+           Keras' own optimizer;
+  towerps  `towerps.cluster.train` with 1 worker actor and 1 shard actor in a
+           local Ray cluster: real gRPC on loopback, the shard applying the
+           optimizer.
+
+Both rates leave out the warm-up (tracing, first steps): Keras' is timed
+after `--warmup-steps`, towerps' is read from the shard's own step log
+(metrics.jsonl) between step `--warmup-steps` and the end, so actor start-up
+and the final evaluation are not counted. Goal: towerps >= 0.9 x keras.
+CIFAR-10 itself cannot be downloaded on machines without internet: the
+default reads it from --data-dir when there, else uses the synthetic data set
+at CIFAR-10's cropped shape (24x24x3), which costs the same to train on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import _common as common  # noqa: E402
+
+
+def add_flags(parser) -> None:
+    add = parser.add_argument
+    add("--model", default="cifar10_cnn")
+    add("--dataset", default="auto",
+        help="auto: cifar10 when found in --data-dir, else synthetic at the model's shape")
+    add("--data-dir", default=None)
+    add("--batch-size", type=int, default=128)
+    add("--optimizer", default="adam")
+    add("--steps", type=int, default=60, help="timed steps per round and system")
+    add("--warmup-steps", type=int, default=5)
+    add("--rounds", type=int, default=3)
+
+
+def load_data(args):
+    """(data set name, DataSet) of the model's input shape."""
+    from towerps.errors import DataSetNotFound
+    from towerps.workers import load_dataset
+    from towerps.workers.models import model_input_shape
+
+    shape = model_input_shape(args.model)
+    if args.dataset != "auto":
+        return args.dataset, load_dataset(args.dataset, args.data_dir, input_shape=shape,
+                                          download=False)
+    if args.model == "cifar10_cnn":
+        try:
+            return "cifar10", load_dataset("cifar10", args.data_dir, download=False)
+        except DataSetNotFound:
+            pass
+    return "synthetic", load_dataset("synthetic", input_shape=shape or (28, 28, 1))
+
+
+def keras_rate(args, dataset, model) -> float:
+    """Examples/s of plain Keras on the same batches, after the warm-up."""
+    batch = args.batch_size
+    step = 0
+
+    def one_step():
+        nonlocal step
+        x, y = dataset.train_batch(step, 0, batch, slice(0, batch))
+        model.train_on_batch(x, y)
+        step += 1
+
+    for _ in range(args.warmup_steps):
+        one_step()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        one_step()
+    return args.steps * batch / (time.perf_counter() - t0)
+
+
+def towerps_rate(args, dataset_name: str, run_dir: str) -> tuple[float, dict]:
+    """Examples/s of a towerps run (1 worker, 1 shard) after the warm-up, and its summary."""
+    from towerps.cluster import TrainConfig, train
+
+    config = TrainConfig(
+        dataset=dataset_name, data_dir=args.data_dir, download=False, model=args.model,
+        num_workers=1, num_ps=1, batch_size=args.batch_size,
+        steps=args.warmup_steps + args.steps, optimizer=args.optimizer, log_every=1,
+        run_dir=run_dir,
+    )
+    summary = train(config, progress=False)
+    records = common.read_metrics(run_dir, args.batch_size)
+    return common.rate_between(records, args.warmup_steps), summary
+
+
+def keras_model(args, dataset):
+    import keras
+
+    from towerps.ps.optimizers import DEFAULT_LR
+    from towerps.workers import build_model
+
+    model = build_model(args.model, dataset.input_shape, dataset.num_classes, seed=0)
+    optimizers = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
+                  "momentum": lambda lr: keras.optimizers.SGD(lr, momentum=0.9)}
+    model.compile(optimizer=optimizers[args.optimizer](DEFAULT_LR[args.optimizer]),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args("overhead", __doc__, argv, add_flags)
+    if args.tiny:
+        args.model, args.batch_size, args.steps, args.warmup_steps, args.rounds = "mlp", 32, 6, 2, 1
+    budget = common.Budget(args.budget_s)
+    dataset_name, dataset = load_data(args)
+    model = keras_model(args, dataset)
+
+    rounds = []
+    with common.local_ray(num_cpus=4), tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            # A round takes about as long as the first one did.
+            if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
+                break
+            keras_ex_s = keras_rate(args, dataset, model)
+            towerps_ex_s, summary = towerps_rate(args, dataset_name, os.path.join(tmp, f"r{r}"))
+            rounds.append({
+                "keras_examples_per_s": keras_ex_s,
+                "towerps_examples_per_s": towerps_ex_s,
+                "ratio": towerps_ex_s / keras_ex_s if towerps_ex_s else None,
+                "towerps_startup_s": summary["startup_s"],
+                "towerps_worker_time_s": summary["worker_time_s"],
+                "towerps_wire_bytes_per_step": summary.get("wire_bytes_per_step"),
+            })
+
+    keras_med = common.median(r["keras_examples_per_s"] for r in rounds)
+    towerps_med = common.median(r["towerps_examples_per_s"] for r in rounds)
+    ratio = towerps_med / keras_med if towerps_med and keras_med else None
+    ratio_med = common.median(r["ratio"] for r in rounds)
+    goals = [common.goal("towerps (1 worker, 1 shard) / single-process Keras, examples/s",
+                         ratio, 0.9)]
+    summary = (f"{args.model} batch {args.batch_size}: single-process Keras {keras_med:,.0f} ex/s, "
+               f"towerps 1 worker + 1 shard {towerps_med:,.0f} ex/s, ratio {ratio:.2f} "
+               f"(goal >= 0.9) over {len(rounds)} alternating rounds")
+    return common.write_result(
+        args, budget=budget, goals=goals, summary=summary,
+        inputs={"model": args.model, "dataset": dataset_name, "batch_size": args.batch_size,
+                "optimizer": args.optimizer, "steps": args.steps,
+                "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds},
+        figures={"keras_examples_per_s": keras_med, "towerps_examples_per_s": towerps_med,
+                 "ratio": ratio, "median_of_round_ratios": ratio_med, "rounds": rounds},
+    )
+
+
+if __name__ == "__main__":
+    main()

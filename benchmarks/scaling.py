@@ -1,0 +1,237 @@
+"""Scaling: N simulated accelerator workers against K real shards, beside a cost model.
+
+    .venv/bin/python benchmarks/scaling.py            # -> benchmarks/results/scaling.json
+    .venv/bin/python benchmarks/scaling.py --tiny     # what the test suite runs
+    .venv/bin/towerps bench scaling
+
+A worker's compute is replaced by a fixed wait of T ms (`--compute-ms`), so
+what is measured is the shards and the wire: each simulated worker is a Ray
+actor with a real `PSClient` running the sync loop (pull version v, wait T,
+push its gradient for v); the shards are the real `ShardActor`s (a `Shard`
+applying SGD behind its gRPC server), all in one local Ray cluster on
+loopback. The model is `--model-mb` of float32 (default 25 MiB in four
+variables, sliced over the shards by `plan_placement`). For N = 1, 2, 4, 8
+workers and K = 1, 2, 4 shards: the step time (from shard 0's own step log,
+after `--warmup-steps`) and the scaling efficiency step(1, K) / step(N, K).
+
+The cost model beside it has inputs measured first in the same run, with
+1 worker, 1 shard and T = 0, and the machine's core count C:
+
+  alpha      per-message latency: half the step time of a 1 KB model (a
+             step is one pull and one push);
+  c_s, c_w   CPU seconds per byte moved in the shard and in the worker
+             process (from /proc and the actor's process time while the
+             real model's S bytes go each way), i.e. 1 / bandwidth of each
+             endpoint: a shard's Python path is serialised by the GIL, so a
+             shard is one core's worth of bandwidth at most.
+
+A sync step moves S bytes each way per worker, N S / K per shard, so
+
+  T + 2 alpha + max( 2 (N S / K) c_s,            # the busiest shard
+                     2 S c_w,                    # a worker
+                     2 N S (c_s + c_w) / C )     # all the bytes on C shared cores
+
+the classic parameter-server model (latency + bytes / bandwidth at the
+busiest endpoint), plus the bound that on one machine every byte costs CPU
+on cores everyone shares. Goal: measured within 1.15x of the prediction.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import ray  # noqa: E402
+
+from benchmarks import _common as common  # noqa: E402
+
+
+def add_flags(parser) -> None:
+    add = parser.add_argument
+    add("--workers", default="1,2,4,8", help="worker counts N (default %(default)s)")
+    add("--shards", default="1,2,4", help="shard counts K (default %(default)s)")
+    add("--model-mb", type=float, default=26.2144, help="model size, MB (default 25 MiB)")
+    add("--compute-ms", type=float, default=100.0, help="the simulated compute T per step")
+    add("--steps", type=int, default=10, help="timed steps per configuration")
+    add("--warmup-steps", type=int, default=3)
+
+
+def model_shapes(model_mb: float) -> dict[str, tuple[int, ...]]:
+    """Two dense layers and their biases, ~model_mb MB of float32 in all (4:1 kernels)."""
+    params = max(64, int(model_mb * 1e6 / 4))
+    width = 512
+    rows1 = max(1, int(params * 0.8) // (4 * width))  # fc1: (rows1, 4 * width)
+    rows2 = max(1, (params - rows1 * 4 * width - 5 * width) // width)
+    return {"fc1/kernel": (rows1, 4 * width), "fc1/bias": (4 * width,),
+            "fc2/kernel": (rows2, width), "fc2/bias": (width,)}
+
+
+@ray.remote(num_cpus=1)
+class SimWorker:
+    """A worker whose gradient computation is a fixed wait: the sync loop alone."""
+
+    def configure(self, rank: int, addresses: list, plan, shapes: dict, compute_s: float) -> int:
+        import numpy as np
+
+        from towerps.workers.client import PSClient
+
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+        rng = np.random.default_rng(rank)
+        self.rank, self.compute_s = rank, compute_s
+        self.grads = {n: (rng.standard_normal(s) * 1e-3).astype(np.float32) for n, s in shapes.items()}
+        self.client = PSClient(addresses, plan)
+        return os.getpid()
+
+    def run(self, steps: int) -> float:
+        """Steps 0..steps-1: pull v, wait, push for v. Returns this process's CPU seconds."""
+        cpu0 = time.process_time()
+        for step in range(steps):
+            self.client.pull(min_version=step, timeout_s=300.0)
+            if self.compute_s:
+                time.sleep(self.compute_s)
+            self.client.push(self.rank, step, self.grads, num_examples=1, loss=0.0)
+        return time.process_time() - cpu0
+
+
+class Bench:
+    """The actors of the benchmark, reused across configurations."""
+
+    def __init__(self, max_workers: int, max_shards: int):
+        from towerps.cluster.actors import ShardActor
+
+        self.workers = [SimWorker.remote() for _ in range(max_workers)]
+        self.shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(max_shards)]
+
+    def step_times(self, shapes: dict, n: int, k: int, compute_s: float, steps: int) -> dict:
+        """Run one configuration; step times from shard 0's log, and CPU seconds used."""
+        import numpy as np
+
+        from towerps.ps.placement import plan_placement
+        from towerps.workers.client import PSClient
+
+        plan = plan_placement(shapes, k)
+        initial = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+        ray.get([s.stop.remote() for s in self.shards])
+        records = ray.get([self.shards[i].start.remote(part, "sgd", 1e-6, n)
+                           for i, part in enumerate(plan.split(initial))])
+        addresses = [r["address"] for r in records]
+        shard_pids = [r["pid"] for r in records]
+        worker_pids = ray.get([self.workers[r].configure.remote(r, addresses, plan, shapes, compute_s)
+                               for r in range(n)])
+        # Peaks from now on; this process served earlier configurations, and what its
+        # allocator kept from them is in the RSS at the reset, so growth is the figure.
+        reset = all(common.reset_peak_rss(p) for p in shard_pids)
+        rss_at_reset = [common.proc_status_bytes("VmRSS", p) for p in shard_pids]
+        cpu_before = [common.cpu_seconds(p) for p in shard_pids]
+        t0 = time.perf_counter()
+        worker_cpu = ray.get([self.workers[r].run.remote(steps) for r in range(n)])
+        wall = time.perf_counter() - t0
+        shard_cpu = [common.cpu_seconds(p) - b for p, b in zip(shard_pids, cpu_before)]
+        with PSClient(addresses, plan) as client:
+            applied = [s.applied_at_s for s in client.status(since_version=0)[0].steps]
+        # Each shard's peak RSS during this configuration, beside the bytes it holds.
+        peak = [common.proc_status_bytes("VmHWM", p) if reset else None for p in shard_pids]
+        growth = [None if h is None else h - r for h, r in zip(peak, rss_at_reset)]
+        return {"step_s": list(np.diff(applied)), "wall_s": wall, "worker_cpu_s": sum(worker_cpu),
+                "shard_peak_rss_bytes": peak, "shard_peak_rss_growth_bytes": growth,
+                "shard_cpu_s": sum(shard_cpu), "worker_pids": worker_pids,
+                "shard_bytes": plan.shard_bytes()}
+
+
+def predict(cal: dict, n: int, k: int, nbytes: int, compute_s: float, cores: int) -> float:
+    c_s, c_w = cal["shard_cpu_s_per_byte"], cal["worker_cpu_s_per_byte"]
+    busiest = max(2 * n * nbytes / k * c_s, 2 * nbytes * c_w, 2 * n * nbytes * (c_s + c_w) / cores)
+    return compute_s + 2 * cal["alpha_s"] + busiest
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args("scaling", __doc__, argv, add_flags)
+    if args.tiny:
+        args.workers, args.shards, args.model_mb = "1,2", "1,2", 1.0
+        args.compute_ms, args.steps, args.warmup_steps = 10.0, 3, 2
+    workers = [int(n) for n in args.workers.split(",")]
+    shards = [int(k) for k in args.shards.split(",")]
+    budget = common.Budget(args.budget_s)
+    shapes = model_shapes(args.model_mb)
+    nbytes = sum(4 * _size(s) for s in shapes.values())
+    compute_s, total_steps = args.compute_ms / 1000, args.warmup_steps + args.steps
+    cores = os.cpu_count() or 1
+
+    def timed(step_s: list) -> float:
+        return float(sum(step_s[args.warmup_steps - 1:]) / len(step_s[args.warmup_steps - 1:]))
+
+    with common.local_ray(num_cpus=max(workers) + max(shards)):
+        bench = Bench(max(workers), max(shards))
+        # Calibration: 1 worker, 1 shard, no compute; a 1 KB model, then the real one.
+        tiny = bench.step_times({"w": (256,)}, 1, 1, 0.0, total_steps)
+        big = bench.step_times(shapes, 1, 1, 0.0, total_steps)
+        alpha = timed(tiny["step_s"]) / 2
+        big_step = timed(big["step_s"])
+        moved = 2 * nbytes * total_steps
+        cal = {"alpha_s": alpha, "step_1kb_s": 2 * alpha, "step_model_s": big_step,
+               "pair_bytes_per_s": 2 * nbytes / max(big_step - 2 * alpha, 1e-9),
+               "shard_cpu_s_per_byte": big["shard_cpu_s"] / moved,
+               "worker_cpu_s_per_byte": big["worker_cpu_s"] / moved}
+
+        configs = []
+        for k in shards:
+            for n in workers:
+                if configs and not budget.allows(max(c["wall_s"] for c in configs) * 1.5):
+                    break
+                run = bench.step_times(shapes, n, k, compute_s, total_steps)
+                measured, predicted = timed(run["step_s"]), predict(cal, n, k, nbytes, compute_s, cores)
+                configs.append({
+                    "workers": n, "shards": k, "step_s": measured, "predicted_step_s": predicted,
+                    "measured_over_predicted": measured / predicted, "wall_s": run["wall_s"],
+                    "shard_bytes": run["shard_bytes"], "shard_peak_rss_bytes": run["shard_peak_rss_bytes"],
+                    "shard_peak_rss_growth_bytes": run["shard_peak_rss_growth_bytes"],
+                    # Measured CPU of workers and shards per step, beside what the model
+                    # assumes (calibrated bytes x CPU/byte): where they part, contention
+                    # made each byte dearer.
+                    "cpu_s_per_step": (run["worker_cpu_s"] + run["shard_cpu_s"]) / total_steps,
+                    "model_cpu_s_per_step": 2 * n * nbytes * (cal["shard_cpu_s_per_byte"]
+                                                              + cal["worker_cpu_s_per_byte"]),
+                    "all_step_s": run["step_s"]})
+
+    for c in configs:
+        base = next((b for b in configs if b["shards"] == c["shards"] and b["workers"] == 1), None)
+        c["efficiency"] = base["step_s"] / c["step_s"] if base else None
+    off = [max(c["measured_over_predicted"], 1 / c["measured_over_predicted"]) for c in configs]
+    worst_off = max(off) if off else None
+    at_max = {c["shards"]: c["efficiency"] for c in configs if c["workers"] == max(workers)}
+    goals = [common.goal("worst of measured/predicted and predicted/measured over configurations",
+                         worst_off, 1.15, higher_is_better=False)]
+    effs = ", ".join(f"K={k}: {e:.2f}" for k, e in at_max.items() if e is not None)
+    summary = (f"{nbytes / 1e6:.1f} MB model, T={args.compute_ms:g} ms: efficiency at "
+               f"{max(workers)} workers {effs}; cost model (alpha {alpha * 1e3:.1f} ms, shard "
+               f"{1e-6 / cal['shard_cpu_s_per_byte']:,.0f} MB/s, worker "
+               f"{1e-6 / cal['worker_cpu_s_per_byte']:,.0f} MB/s per core) off by at most "
+               f"{worst_off:.2f}x (goal <= 1.15)")
+    return common.write_result(
+        args, budget=budget, goals=goals, summary=summary,
+        inputs={"workers": workers, "shards": shards, "model_bytes": nbytes, "shapes": shapes,
+                "compute_ms": args.compute_ms, "steps": args.steps,
+                "warmup_steps": args.warmup_steps, "cores": cores, "optimizer": "sgd"},
+        figures={"calibration": cal, "configs": configs, "efficiency_at_max_workers": at_max,
+                 "worst_model_error": worst_off},
+        notes=["Step times are means over the timed steps of shard 0's step log; efficiency is "
+               "step(1 worker, K) / step(N workers, K) at the same K.",
+               "All processes share this machine's cores, so more shards add parallel endpoints "
+               "but no CPU: the cost model's CPU term says how much that bounds."],
+    )
+
+
+def _size(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+if __name__ == "__main__":
+    main()

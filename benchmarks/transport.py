@@ -1,0 +1,327 @@
+"""Transport: push and pull through the real client and shard, against raw TCP.
+
+    .venv/bin/python benchmarks/transport.py            # -> benchmarks/results/transport.json
+    .venv/bin/python benchmarks/transport.py --tiny     # what the test suite runs
+    .venv/bin/towerps bench transport
+
+For each size (default 4, 64 and 512 MB of float32 parameters, in tensors of
+at most `--tensor-mb`), two fresh processes on loopback:
+
+  shard   a real `Shard` behind its real gRPC server (`create_server`), and
+          beside it a plain TCP server that receives into / sends from one
+          buffer;
+  client  a real `PSClient`. First one real step: a push that the shard
+          applies (SGD) and a pull of the new version; the peak RSS of both
+          processes (VmHWM) is read right then, so it is the memory of one
+          sync step at that size. Then `--reps` rounds that alternate
+          gRPC push, raw TCP send, gRPC pull, raw TCP receive of the same
+          bytes. The timed gRPC pushes repeat the applied step, so the shard
+          decodes every byte and answers ALREADY_APPLIED: the data path
+          alone, no optimizer. The timed pulls read the version's snapshot.
+
+Figures: MB/s (1 MB = 10^6 bytes) of each, the median and the best round,
+the ratios gRPC/TCP (goal >= 0.6, on the medians), CPU nanoseconds per byte
+in each process for each operation (barely moved by other load on the
+machine: the figure to compare changes of the wire path by), and each
+process's RSS before the traffic and its high-water mark, beside the
+parameter bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import _common as common  # noqa: E402
+
+MB = 10**6
+OPS = ("grpc_push", "tcp_send", "grpc_pull", "tcp_recv")  # timed in this order, each round
+_HEADER = struct.Struct("<cQ")  # TCP: op (b"P" receive n bytes, b"G" send n bytes), n
+
+
+def add_flags(parser) -> None:
+    add = parser.add_argument
+    add("--sizes-mb", default="4,64,512", help="comma-separated sizes in MB (default %(default)s)")
+    add("--tensor-mb", type=float, default=32.0, help="largest tensor (default %(default)s MB)")
+    add("--reps", default="20,5,2", help="timed rounds per size (default %(default)s)")
+    # Internal: the two processes of one size.
+    add("--role", choices=("main", "shard", "client"), default="main", help="(internal)")
+    add("--mb", type=float, default=None, help="(internal)")
+    add("--port", type=int, default=None, help="(internal)")
+    add("--tcp-port", type=int, default=None, help="(internal)")
+    add("--shard-pid", type=int, default=None, help="(internal)")
+    add("--rep-count", type=int, default=None, help="(internal)")
+
+
+def tensors_of(total_mb: float, tensor_mb: float, fill: float):
+    """float32 tensors of ~total_mb MB in all, each at most tensor_mb: {name: (rows, 1024)}."""
+    import numpy as np
+
+    rows_total = max(1, int(total_mb * MB / 4096))
+    per = max(1, int(tensor_mb * MB / 4096))
+    out, i = {}, 0
+    while rows_total > 0:
+        rows = min(per, rows_total)
+        out[f"layer{i}/kernel"] = np.full((rows, 1024), fill, dtype=np.float32)
+        rows_total -= rows
+        i += 1
+    return out
+
+
+# --- the shard process ------------------------------------------------------------
+
+def serve_shard(args) -> None:
+    """Shard + gRPC server + raw TCP server; prints one JSON line, runs until stdin closes."""
+    from towerps.ps import Shard, create_server, make_optimizer
+
+    variables = tensors_of(args.mb, args.tensor_mb, 0.5)
+    shard = Shard(0, variables, make_optimizer("sgd", 1e-3), num_workers=1)
+    del variables
+    server, port = create_server(shard, "127.0.0.1:0")
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_tcp_serve, args=(listener,), daemon=True).start()
+    print(json.dumps({"port": port, "tcp_port": listener.getsockname()[1], "pid": os.getpid()}),
+          flush=True)
+    sys.stdin.read()  # the parent closes stdin when done
+    shard.close()
+    server.stop(grace=None).wait()
+
+
+def _tcp_serve(listener: socket.socket) -> None:
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(0)
+    while True:
+        header = _recv_exact(conn, _HEADER.size)
+        if header is None:
+            return
+        op, n = _HEADER.unpack(header)
+        if len(buf) < n:
+            buf = bytearray(n)
+        view = memoryview(buf)[:n]
+        if op == b"P":
+            _recv_into(conn, view)
+            conn.sendall(b"k")
+        else:
+            conn.sendall(view)
+
+
+def _recv_exact(conn, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        more = conn.recv(n - len(data))
+        if not more:
+            return None
+        data += more
+    return data
+
+
+def _recv_into(conn, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("the peer closed the connection mid-transfer")
+        got += n
+
+
+# --- the client process -----------------------------------------------------------
+
+def run_client(args) -> None:
+    """One real step (memory), then alternating timed rounds; prints one JSON line."""
+    import numpy as np
+
+    from towerps.ps.placement import plan_placement
+    from towerps.workers.client import PSClient
+
+    grads = tensors_of(args.mb, args.tensor_mb, 1e-3)
+    nbytes = sum(g.nbytes for g in grads.values())
+    plan = plan_placement({n: g.shape for n, g in grads.items()}, 1)
+    client = PSClient([f"127.0.0.1:{args.port}"], plan)
+    tcp = socket.create_connection(("127.0.0.1", args.tcp_port))
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    memory = {
+        "client_rss_before_bytes": common.proc_status_bytes("VmRSS"),
+        "shard_rss_before_bytes": common.proc_status_bytes("VmRSS", args.shard_pid),
+    }
+
+    t0 = time.perf_counter()
+    outcome = client.push(0, 0, grads, num_examples=1, loss=0.0)
+    t1 = time.perf_counter()
+    version, params = client.pull(min_version=1, timeout_s=300.0)
+    t2 = time.perf_counter()
+    assert outcome == ["applied"] and version == 1, (outcome, version)
+    assert sum(p.nbytes for p in params.values()) == nbytes
+    del params
+    memory.update({
+        "client_hwm_bytes": common.proc_status_bytes("VmHWM"),
+        "shard_hwm_bytes": common.proc_status_bytes("VmHWM", args.shard_pid),
+        "first_push_s": t1 - t0,  # includes the shard's SGD update
+        "first_pull_s": t2 - t1,  # includes the shard's snapshot copy
+    })
+
+    recv_buf = bytearray(nbytes)
+    times = {f"{op}_s": [] for op in OPS}
+    cpu = {f"{op}_{proc}_cpu_s": [] for op in OPS for proc in ("client", "shard")}
+
+    def timed(op, fn):
+        """Run fn; record its wall time and the CPU time both processes spent on it."""
+        c0, s0, t0 = time.process_time(), common.cpu_seconds(args.shard_pid), time.perf_counter()
+        fn()
+        times[f"{op}_s"].append(time.perf_counter() - t0)
+        cpu[f"{op}_client_cpu_s"].append(time.process_time() - c0)
+        cpu[f"{op}_shard_cpu_s"].append(common.cpu_seconds(args.shard_pid) - s0)
+
+    def grpc_push():
+        outcome = client.push(0, 0, grads, num_examples=1, loss=0.0)
+        assert outcome == ["already_applied"], outcome
+
+    def tcp_send():
+        tcp.sendall(_HEADER.pack(b"P", nbytes))
+        for g in grads.values():
+            tcp.sendall(memoryview(g).cast("B"))
+        if _recv_exact(tcp, 1) != b"k":
+            raise ConnectionError("the TCP server did not acknowledge")
+
+    def grpc_pull():
+        client.pull(min_version=1, timeout_s=300.0)
+
+    def tcp_recv():
+        tcp.sendall(_HEADER.pack(b"G", nbytes))
+        _recv_into(tcp, memoryview(recv_buf))
+
+    for _ in range(args.rep_count):
+        for op, fn in zip(OPS, (grpc_push, tcp_send, grpc_pull, tcp_recv)):
+            timed(op, fn)
+    assert np.frombuffer(recv_buf, np.float32)[0] == np.float32(1e-3)  # the bytes sent
+    tcp.close()
+    client.close()
+    print(json.dumps({"parameter_bytes": nbytes, "num_tensors": len(grads), **memory, **times,
+                      "cpu_s": cpu}), flush=True)
+
+
+# --- the orchestrating process ----------------------------------------------------
+
+def measure_size(args, mb: float, reps: int, timeout_s: float) -> dict:
+    """Run the shard and client processes of one size; returns the client's figures."""
+    common_flags = ["--mb", str(mb), "--tensor-mb", str(args.tensor_mb)]
+    shard = common.run_module_child(__file__, ["--role", "shard", *common_flags],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready = json.loads(_readline(shard.stdout, timeout_s))
+        client = subprocess.run(
+            [sys.executable, __file__, "--role", "client", *common_flags,
+             "--port", str(ready["port"]), "--tcp-port", str(ready["tcp_port"]),
+             "--shard-pid", str(ready["pid"]), "--rep-count", str(reps)],
+            env=common.child_env(), capture_output=True, text=True, timeout=timeout_s,
+        )
+        if client.returncode != 0:
+            raise RuntimeError(f"the client of {mb} MB failed:\n{client.stderr[-3000:]}")
+        return json.loads(client.stdout.strip().splitlines()[-1])
+    finally:
+        shard.stdin.close()
+        try:
+            shard.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            shard.kill()
+            shard.wait()
+
+
+def _readline(stream, timeout_s: float) -> str:
+    """One line from a child's stdout, or TimeoutError."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box or not box[0]:
+        raise TimeoutError(f"the shard process did not start within {timeout_s:g} s")
+    return box[0]
+
+
+def summarise(raw: dict) -> dict:
+    n = raw["parameter_bytes"]
+    rate = {k.removesuffix("_s") + "_mb_per_s": n / MB / common.median(v)
+            for k, v in raw.items() if isinstance(v, list)}
+    # The best round too: on a shared machine, the rate when nothing else got in the way.
+    best = {k.removesuffix("_s") + "_best_mb_per_s": n / MB / min(v)
+            for k, v in raw.items() if isinstance(v, list)}
+    out = {"parameter_bytes": n, "num_tensors": raw["num_tensors"], **rate, **best,
+           "push_vs_tcp_best": best["grpc_push_best_mb_per_s"] / best["tcp_send_best_mb_per_s"],
+           "pull_vs_tcp_best": best["grpc_pull_best_mb_per_s"] / best["tcp_recv_best_mb_per_s"],
+           "push_vs_tcp": rate["grpc_push_mb_per_s"] / rate["tcp_send_mb_per_s"],
+           "pull_vs_tcp": rate["grpc_pull_mb_per_s"] / rate["tcp_recv_mb_per_s"]}
+    for proc in ("client", "shard"):
+        before, hwm = raw[f"{proc}_rss_before_bytes"], raw[f"{proc}_hwm_bytes"]
+        out[f"{proc}_rss_before_bytes"] = before
+        out[f"{proc}_hwm_bytes"] = hwm
+        if before is not None and hwm is not None:
+            out[f"{proc}_hwm_over_before_per_parameter_byte"] = (hwm - before) / n
+    # CPU nanoseconds per byte moved, in each process: unlike MB/s, barely moved by
+    # other load on the machine, so the figure to compare changes of the wire path by.
+    # Summed over the rounds: /proc counts CPU time in 10 ms ticks.
+    out["cpu_ns_per_byte"] = {k.removesuffix("_cpu_s"): 1e9 * sum(v) / (n * len(v))
+                              for k, v in raw["cpu_s"].items()}
+    out["first_push_s"], out["first_pull_s"] = raw["first_push_s"], raw["first_pull_s"]
+    out["raw_times_s"] = {k: v for k, v in raw.items() if isinstance(v, list)}
+    return out
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args("transport", __doc__, argv, add_flags)
+    if args.role == "shard":
+        return serve_shard(args)
+    if args.role == "client":
+        return run_client(args)
+    if args.tiny:
+        args.sizes_mb, args.reps, args.tensor_mb = "1,4", "2,2", 2.0
+    sizes = [float(s) for s in args.sizes_mb.split(",")]
+    reps = [int(r) for r in args.reps.split(",")]
+    if len(reps) != len(sizes):
+        raise SystemExit(f"--reps {args.reps!r} needs one count per size of --sizes-mb {args.sizes_mb!r}")
+    budget = common.Budget(args.budget_s)
+
+    per_size = {}
+    for mb, count in zip(sizes, reps):
+        if per_size and not budget.allows(30.0):
+            break
+        per_size[f"{mb:g}MB"] = summarise(measure_size(args, mb, count, max(60.0, budget.left_s())))
+
+    ratios = [min(f["push_vs_tcp"], f["pull_vs_tcp"]) for f in per_size.values()]
+    worst = min(ratios) if ratios else None
+    goals = [common.goal("lowest gRPC/TCP ratio over sizes and directions", worst, 0.6)]
+    parts = [f"{k} push {f['grpc_push_mb_per_s']:,.0f} / pull {f['grpc_pull_mb_per_s']:,.0f} MB/s "
+             f"(TCP {f['tcp_send_mb_per_s']:,.0f}/{f['tcp_recv_mb_per_s']:,.0f}; "
+             f"ratios {f['push_vs_tcp']:.2f}/{f['pull_vs_tcp']:.2f}; peak RSS shard "
+             f"{f['shard_hwm_bytes'] / MB:,.0f} MB, client {f['client_hwm_bytes'] / MB:,.0f} MB)"
+             for k, f in per_size.items()]
+    summary = "; ".join(parts) + f"; worst ratio {worst:.2f} (goal >= 0.6)"
+    return common.write_result(
+        args, budget=budget, goals=goals, summary=summary,
+        inputs={"sizes_mb": sizes, "reps": reps, "tensor_mb": args.tensor_mb,
+                "chunk_bytes": _chunk_bytes(), "optimizer_of_the_memory_step": "sgd"},
+        figures={"per_size": per_size, "worst_ratio": worst},
+        notes=["MB = 10^6 bytes. Rates are medians over the rounds; every gRPC call is the "
+               "real PSClient against the real shard server, in two processes.",
+               "Peak RSS (VmHWM) is read after one real sync step (push applied + pull), "
+               "before the timed rounds; each size runs in fresh processes, and the client's "
+               "includes TensorFlow, which importing towerps.workers loads."],
+    )
+
+
+def _chunk_bytes() -> int:
+    from towerps.wire import CHUNK_BYTES
+
+    return CHUNK_BYTES
+
+
+if __name__ == "__main__":
+    main()

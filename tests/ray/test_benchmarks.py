@@ -1,0 +1,71 @@
+"""Every benchmark runs end to end on its tiny configuration through
+`towerps bench NAME --tiny --out PATH` and writes valid JSON. Not timed tests:
+the figures are only checked for being there and being sane."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def run_bench(name, tmp_path) -> dict:
+    out = tmp_path / f"{name}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "towerps.cluster.cli", "bench", name, "--tiny", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"{name}: " in done.stdout and str(out) in done.stdout  # the one-line summary
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == name and result["tiny"] is True
+    assert result["summary"] and result["inputs"] and result["figures"]
+    assert result["machine"]["logical_cpus"] >= 1
+    for goal in result["goals"]:
+        assert set(goal) == {"description", "value", "target", "met"}
+    return result
+
+
+def test_overhead(tmp_path):
+    figures = run_bench("overhead", tmp_path)["figures"]
+    assert figures["keras_examples_per_s"] > 0 and figures["towerps_examples_per_s"] > 0
+    assert figures["ratio"] == pytest.approx(
+        figures["towerps_examples_per_s"] / figures["keras_examples_per_s"])
+
+
+def test_transport(tmp_path):
+    per_size = run_bench("transport", tmp_path)["figures"]["per_size"]
+    assert list(per_size) == ["1MB", "4MB"]
+    for size in per_size.values():
+        for key in ("grpc_push_mb_per_s", "grpc_pull_mb_per_s", "tcp_send_mb_per_s", "tcp_recv_mb_per_s"):
+            assert size[key] > 0
+        # The shard holds the parameters (and the step's buffer): its peak is above them.
+        assert size["shard_hwm_bytes"] > size["parameter_bytes"]
+        assert size["client_hwm_bytes"] >= size["client_rss_before_bytes"]
+
+
+def test_scaling(tmp_path):
+    figures = run_bench("scaling", tmp_path)["figures"]
+    configs = {(c["workers"], c["shards"]): c for c in figures["configs"]}
+    assert set(configs) == {(1, 1), (2, 1), (1, 2), (2, 2)}
+    for c in configs.values():
+        assert c["step_s"] > 0 and c["predicted_step_s"] > 0
+    assert configs[(1, 1)]["efficiency"] == 1.0
+    assert figures["calibration"]["alpha_s"] > 0
+
+
+def test_peers(tmp_path):
+    figures = run_bench("peers", tmp_path)["figures"]
+    assert set(figures["examples_per_s"]) == {"keras", "towerps", "ray_ps", "tf_pss"}
+    assert all(rate > 0 for rate in figures["examples_per_s"].values())
+
+
+def test_convergence(tmp_path):
+    runs = run_bench("convergence", tmp_path)["figures"]["runs"]
+    assert set(runs) == {"1", "2"}
+    for run in runs.values():
+        assert run["final_version"] == 20 and len(run["curve"]) >= 2
+    # Sync parity: the same final step gives the same test accuracy, up to floating point.
+    assert runs["2"]["test_accuracy"] == pytest.approx(runs["1"]["test_accuracy"], abs=0.01)

@@ -1,0 +1,95 @@
+"""The benchmarks' shared helpers and the `towerps bench` dispatch; no Ray, no sockets.
+
+The benchmarks themselves run (tiny) in tests/ray/test_benchmarks.py.
+"""
+
+import json
+
+import pytest
+
+from benchmarks import _common as common
+from benchmarks.convergence import interpolate
+from benchmarks.scaling import model_shapes, predict
+from towerps.cluster import cli
+
+pytestmark = pytest.mark.unit
+
+
+def test_bench_refuses_an_unknown_name_and_lists_the_known_ones(capsys):
+    assert cli.main(["bench", "no_such_benchmark"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("towerps: error: unknown benchmark 'no_such_benchmark'")
+    for name in ("overhead", "transport", "scaling", "peers", "convergence"):
+        assert name in err
+    assert "_common" not in err
+
+
+def test_write_result_writes_the_inputs_figures_and_machine_as_json(tmp_path, capsys):
+    args = common.parse_args("demo", "A demo.\n", ["--out", str(tmp_path / "r" / "demo.json")])
+    budget = common.Budget(args.budget_s)
+    result = common.write_result(
+        args, inputs={"size": 3}, figures={"rate": 1.5}, summary="rate 1.5",
+        goals=[common.goal("rate", 1.5, 1.0)], budget=budget)
+
+    on_disk = json.loads((tmp_path / "r" / "demo.json").read_text())
+    assert on_disk == json.loads(json.dumps(result))
+    assert (on_disk["benchmark"], on_disk["inputs"], on_disk["figures"]) == ("demo", {"size": 3}, {"rate": 1.5})
+    assert on_disk["goals"] == [{"description": "rate", "value": 1.5, "target": 1.0, "met": True}]
+    assert on_disk["tiny"] is False and on_disk["truncated"] is False
+    machine = on_disk["machine"]
+    assert machine["logical_cpus"] >= 1 and len(machine["loadavg"]) == 3
+    assert "numpy" in machine["packages"]
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["demo.json"]  # no temp file left
+    assert capsys.readouterr().out.strip() == f"demo: rate 1.5 -> {tmp_path / 'r' / 'demo.json'}"
+
+
+def test_goal_direction_and_budget():
+    assert common.goal("x", 0.5, 0.6)["met"] is False
+    assert common.goal("error", 1.1, 1.15, higher_is_better=False)["met"] is True
+    assert common.goal("x", None, 1.0)["met"] is None
+    budget = common.Budget(1000.0)
+    assert budget.allows(1.0) and not budget.truncated
+    assert not budget.allows(10_000.0) and budget.truncated
+
+
+def test_rate_between_leaves_out_the_warm_up():
+    records = [{"step": s, "wall_s": t, "examples": 10 * s}
+               for s, t in ((1, 5.0), (2, 5.5), (3, 6.0), (4, 6.5))]
+    assert common.rate_between(records, skip=2) == pytest.approx(20 / 1.0)
+    assert common.rate_between(records, skip=4) is None
+
+
+def test_peak_rss_of_this_process_is_at_least_its_rss():
+    hwm, rss = common.proc_status_bytes("VmHWM"), common.proc_status_bytes("VmRSS")
+    assert hwm >= rss > 0
+    assert common.cpu_seconds() > 0
+
+
+def test_convergence_interpolates_between_curve_points():
+    curve = [{"examples": 0, "test_accuracy": 0.1}, {"examples": 100, "test_accuracy": 0.5}]
+    assert interpolate(curve, 50) == pytest.approx(0.3)
+    assert interpolate(curve, 500) == 0.5
+
+
+def test_scaling_model_has_the_asked_size_and_the_cost_model_adds_up():
+    shapes = model_shapes(26.2144)
+    nbytes = sum(4 * int(__import__("math").prod(s)) for s in shapes.values())
+    assert abs(nbytes - 26_214_400) / 26_214_400 < 0.01
+    cal = {"alpha_s": 0.001, "shard_cpu_s_per_byte": 1e-9, "worker_cpu_s_per_byte": 1e-9}
+    # 1 worker, 1 shard: T + 2 alpha + 2 S c (the shard and the worker are equally busy).
+    assert predict(cal, 1, 1, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 0.2)
+    # 8 workers on one shard: that shard moves 8 S each way.
+    assert predict(cal, 8, 1, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 1.6)
+    # ...but on 2 cores all bytes share them: 2 N S (c_s + c_w) / C.
+    assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 1.6)
+
+
+def test_reset_peak_rss_brings_the_high_water_mark_down_to_now():
+    import numpy as np
+
+    big = np.ones(64 << 20, np.uint8)  # 64 MiB touched: the peak includes it
+    del big
+    before = common.proc_status_bytes("VmHWM")
+    if not common.reset_peak_rss():
+        pytest.fail("clear_refs is not writable here; the benchmarks then report no peaks")
+    assert common.proc_status_bytes("VmHWM") < before
