@@ -152,7 +152,19 @@ class RayPS:
 # --- TensorFlow's ParameterServerStrategy ---------------------------------------------
 
 def serve_tf(args) -> None:
+    """One worker or ps task; it ends with the chief that started it, however that ends."""
+    import threading
+
     import tensorflow as tf
+
+    parent = os.getppid()
+
+    def exit_with_parent():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
 
     server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(args.cluster)),
                                   job_name=args.job, task_index=args.index, protocol="grpc",

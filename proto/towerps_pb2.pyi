@@ -38,6 +38,12 @@ class TensorChunk(_message.Message):
     data: bytes
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class TensorChunks(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[TensorChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
+
 class PushHeader(_message.Message):
     __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors")
     WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -55,12 +61,12 @@ class PushHeader(_message.Message):
     def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunks")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     header: PushHeader
-    chunk: TensorChunk
-    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    chunks: TensorChunks
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunks: _Optional[_Union[TensorChunks, _Mapping]] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("outcome", "version")
@@ -103,12 +109,12 @@ class PullHeader(_message.Message):
     def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ...) -> None: ...
 
 class PullReply(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunks")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     header: PullHeader
-    chunk: TensorChunk
-    def __init__(self, header: _Optional[_Union[PullHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    chunks: TensorChunks
+    def __init__(self, header: _Optional[_Union[PullHeader, _Mapping]] = ..., chunks: _Optional[_Union[TensorChunks, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("since_version",)

@@ -83,15 +83,13 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
-def encode_tensors(
-    tensors: Mapping[str, np.ndarray],
-    chunk_bytes: int = CHUNK_BYTES,
-    wire_dtype: np.dtype | None = None,
-) -> Iterator[pb.TensorChunk]:
-    """Yield the chunks of every tensor, tensor after tensor, in order.
+def _pieces(
+    tensors: Mapping[str, np.ndarray], chunk_bytes: int, wire_dtype: np.dtype | None
+) -> Iterator[dict]:
+    """The fields of every chunk of every tensor, tensor after tensor, in order.
 
-    With `wire_dtype`, floating-point tensors are cast to it chunk by chunk,
-    so the cast and the copy into the message are one pass.
+    With `wire_dtype`, floating-point tensors are cast to it piece by piece,
+    so the cast and the copy out of the array are one pass.
     """
     for name, array in tensors.items():
         dtype = array.dtype
@@ -106,13 +104,37 @@ def encode_tensors(
         # receiver learns its name, dtype and shape.
         for start in range(0, max(flat.size, 1), step):
             piece = flat[start:start + step].astype(dtype, copy=False)
-            yield pb.TensorChunk(
-                name=name,
-                dtype=code,
-                shape=shape,
-                offset=start * dtype.itemsize,
-                data=piece.tobytes(),
-            )
+            yield dict(name=name, dtype=code, shape=shape, offset=start * dtype.itemsize,
+                       data=piece.tobytes())
+
+
+def encode_tensors(
+    tensors: Mapping[str, np.ndarray],
+    chunk_bytes: int = CHUNK_BYTES,
+    wire_dtype: np.dtype | None = None,
+) -> Iterator[pb.TensorChunk]:
+    """Yield the chunks of every tensor, tensor after tensor, in order."""
+    for fields in _pieces(tensors, chunk_bytes, wire_dtype):
+        yield pb.TensorChunk(**fields)
+
+
+def encode_batches(
+    tensors: Mapping[str, np.ndarray],
+    chunk_bytes: int = CHUNK_BYTES,
+    wire_dtype: np.dtype | None = None,
+) -> Iterator[pb.TensorChunks]:
+    """The same chunks, packed in order into messages of at most `chunk_bytes`
+    of data (a chunk of a large tensor fills one on its own). Chunks are built
+    inside their message, so their bytes are not copied again."""
+    batch, size = pb.TensorChunks(), 0
+    for fields in _pieces(tensors, chunk_bytes, wire_dtype):
+        if batch.chunks and size + len(fields["data"]) > chunk_bytes:
+            yield batch
+            batch, size = pb.TensorChunks(), 0
+        batch.chunks.add(**fields)
+        size += len(fields["data"])
+    if batch.chunks:
+        yield batch
 
 
 class TensorAssembler:
@@ -126,7 +148,7 @@ class TensorAssembler:
 
     def __init__(self, expected: Mapping[str, TensorSpec] | None = None):
         self._expected = expected
-        self._buffers: dict[str, bytearray] = {}
+        self._buffers: dict[str, np.ndarray] = {}  # uint8, filled chunk by chunk
         self._specs: dict[str, TensorSpec] = {}
         self._received: dict[str, int] = {}
 
@@ -149,7 +171,7 @@ class TensorAssembler:
                 f"tensor {name!r}: {end} bytes received, but dtype {spec.dtype} "
                 f"and shape {spec.shape} hold only {spec.nbytes}"
             )
-        self._buffers[name][done:end] = chunk.data
+        self._buffers[name][done:end] = np.frombuffer(chunk.data, np.uint8)
         self._received[name] = end
 
     def _start(self, chunk: pb.TensorChunk) -> None:
@@ -173,7 +195,8 @@ class TensorAssembler:
                     f"expected dtype {want.dtype} shape {want.shape}"
                 )
         self._specs[name] = spec
-        self._buffers[name] = bytearray(spec.nbytes)
+        # np.empty, not bytearray: no zero-fill of bytes about to be overwritten.
+        self._buffers[name] = np.empty(spec.nbytes, np.uint8)
         self._received[name] = 0
 
     def finish(self, num_tensors: int | None = None) -> dict[str, np.ndarray]:
@@ -190,7 +213,7 @@ class TensorAssembler:
                     f"tensor {name!r}: stream ended after {self._received[name]} "
                     f"of {spec.nbytes} bytes"
                 )
-            array = np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape)
+            array = buf.view(spec.dtype).reshape(spec.shape)
             want = self._expected[name].dtype if self._expected is not None else spec.dtype
             out[name] = array if array.dtype == want else array.astype(want)
         return out
@@ -214,8 +237,8 @@ def push_messages(
 ) -> Iterator[pb.PushRequest]:
     """A Push stream: the header, then every chunk of every tensor."""
     yield pb.PushRequest(header=header)
-    for chunk in encode_tensors(tensors, wire_dtype=wire_dtype):
-        yield pb.PushRequest(chunk=chunk)
+    for batch in encode_batches(tensors, wire_dtype=wire_dtype):
+        yield pb.PushRequest(chunks=batch)
 
 
 def read_push(
@@ -228,9 +251,10 @@ def read_push(
         raise BadTensor("a Push stream must start with a PushHeader")
     assembler = TensorAssembler(expected)
     for request in it:
-        if request.WhichOneof("part") != "chunk":
+        if request.WhichOneof("part") != "chunks":
             raise BadTensor("a Push stream carries one PushHeader, then only chunks")
-        assembler.add(request.chunk)
+        for chunk in request.chunks.chunks:
+            assembler.add(chunk)
     return first.header, assembler.finish(first.header.num_tensors)
 
 
@@ -249,8 +273,8 @@ def pull_messages(
 ) -> Iterator[pb.PullReply]:
     """A Pull stream: the header with the version, then the chunks."""
     yield pb.PullReply(header=pb.PullHeader(version=version, num_tensors=len(tensors)))
-    for chunk in encode_tensors(tensors, wire_dtype=wire_dtype):
-        yield pb.PullReply(chunk=chunk)
+    for batch in encode_batches(tensors, wire_dtype=wire_dtype):
+        yield pb.PullReply(chunks=batch)
 
 
 def read_pull(replies: Iterable[pb.PullReply]) -> tuple[int, dict[str, np.ndarray]]:
@@ -258,5 +282,6 @@ def read_pull(replies: Iterable[pb.PullReply]) -> tuple[int, dict[str, np.ndarra
     first = next(it, None)
     if first is None or first.WhichOneof("part") != "header":
         raise BadTensor("a Pull stream must start with a PullHeader")
-    tensors = decode_tensors((reply.chunk for reply in it), num_tensors=first.header.num_tensors)
+    chunks = (chunk for reply in it for chunk in reply.chunks.chunks)
+    tensors = decode_tensors(chunks, num_tensors=first.header.num_tensors)
     return first.header.version, tensors

@@ -58,12 +58,12 @@ def test_raw_status_codes_for_bad_input(serve):
     header = pb.PushHeader(worker_rank=0, step=0, num_examples=1, num_tensors=1)
     wrong_dtype = pb.TensorChunk(name="w", dtype=pb.FLOAT64, shape=[2], data=b"\0" * 16)
     with pytest.raises(grpc.RpcError) as err:
-        stub.Push(iter([pb.PushRequest(header=header), pb.PushRequest(chunk=wrong_dtype)]))
+        stub.Push(iter([pb.PushRequest(header=header), pb.PushRequest(chunks=pb.TensorChunks(chunks=[wrong_dtype]))]))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     future = pb.PushHeader(worker_rank=0, step=5, num_examples=1, num_tensors=1)
     chunk = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2], data=b"\0" * 8)
     with pytest.raises(grpc.RpcError) as err:
-        stub.Push(iter([pb.PushRequest(header=future), pb.PushRequest(chunk=chunk)]))
+        stub.Push(iter([pb.PushRequest(header=future), pb.PushRequest(chunks=pb.TensorChunks(chunks=[chunk]))]))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Pull(pb.PullRequest(min_version=1, timeout_s=0.05)))

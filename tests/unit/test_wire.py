@@ -8,6 +8,7 @@ from towerps.wire import (
     CHUNK_BYTES,
     TensorSpec,
     decode_tensors,
+    encode_batches,
     encode_tensors,
     push_messages,
     read_push,
@@ -98,3 +99,18 @@ def test_push_stream_round_trip_and_tensor_count_check():
         read_push(push_messages(header, grads), expected)
     with pytest.raises(BadTensor, match="must start with a PushHeader"):
         read_push(list(push_messages(header, grads))[1:], expected)
+
+
+def test_small_tensors_pack_into_few_messages_and_large_ones_fill_their_own():
+    rng = np.random.default_rng(2)
+    small = {f"bias{i}": rng.standard_normal(100).astype(np.float32) for i in range(50)}
+    batches = list(encode_batches(small))
+    assert len(batches) == 1 and len(batches[0].chunks) == 50
+
+    mixed = {"a": np.ones(10, np.float32), "big": np.ones(600_000, np.float32),
+             "b": np.ones(10, np.float32)}  # big: 2.4 MB -> 3 chunks
+    batches = list(encode_batches(mixed))
+    assert all(sum(len(c.data) for c in b.chunks) <= CHUNK_BYTES for b in batches)
+    assert [c.name for b in batches for c in b.chunks] == ["a", "big", "big", "big", "b"]
+    out = decode_tensors(c for b in batches for c in b.chunks)
+    np.testing.assert_array_equal(out["big"], mixed["big"])
