@@ -37,9 +37,12 @@ def main() -> None:
     parser.add_argument("--slow-factor", type=float, default=3.0)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per round and mode")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="a few steps, one round (what tests run)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "tower_balance.json"))
     args = parser.parse_args()
+    if args.tiny:
+        args.steps, args.rounds = 5, 1
 
     devices = configure_devices(DeviceConfig(cpu_towers=2))
     from towerps.workers import build_model, load_dataset
