@@ -8,18 +8,10 @@ from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps import Shard, create_server, make_optimizer, plan_placement
 from towerps.workers.client import PSClient
 
+from ..shapes import CIFAR10_CNN
 from .conftest import random_variables
 
 pytestmark = pytest.mark.rpc
-
-# The classic CIFAR-10 CNN: its gradient is 4,273,192 bytes, over gRPC's 4 MiB default.
-CIFAR10_CNN = {
-    "conv1/kernel": (5, 5, 3, 64), "conv1/bias": (64,),
-    "conv2/kernel": (5, 5, 64, 64), "conv2/bias": (64,),
-    "local3/kernel": (2304, 384), "local3/bias": (384,),
-    "local4/kernel": (384, 192), "local4/bias": (192,),
-    "softmax/kernel": (192, 10), "softmax/bias": (10,),
-}
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 4])

@@ -4,16 +4,9 @@ import pytest
 from towerps.errors import BadTensor, ConfigError
 from towerps.ps.placement import plan_placement
 
-pytestmark = pytest.mark.unit
+from ..shapes import CIFAR10_CNN
 
-# The classic CIFAR-10 CNN: local3/kernel alone is 83% of all bytes.
-CIFAR10_CNN = {
-    "conv1/kernel": (5, 5, 3, 64), "conv1/bias": (64,),
-    "conv2/kernel": (5, 5, 64, 64), "conv2/bias": (64,),
-    "local3/kernel": (2304, 384), "local3/bias": (384,),
-    "local4/kernel": (384, 192), "local4/bias": (192,),
-    "softmax/kernel": (192, 10), "softmax/bias": (10,),
-}
+pytestmark = pytest.mark.unit
 
 
 def test_local3_is_83_percent_of_the_cifar10_cnn():
