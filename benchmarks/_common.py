@@ -151,14 +151,7 @@ def _jsonable(value):
 def proc_status_bytes(field: str, pid: int | str = "self") -> int | None:
     """A `kB` field of /proc/PID/status in bytes: VmHWM is the peak resident set
     (the RSS high-water mark), VmRSS the current one. None where /proc is absent."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return _proc_kb_field(f"/proc/{pid}/status", field)
 
 
 def reset_peak_rss(pid: int | str = "self") -> bool:
@@ -255,8 +248,13 @@ def _cpu_model() -> str | None:
 
 
 def _meminfo_bytes(field: str) -> int | None:
+    return _proc_kb_field("/proc/meminfo", field)
+
+
+def _proc_kb_field(path: str, field: str) -> int | None:
+    """`FIELD:  N kB` of a /proc file, in bytes; None where it cannot be read."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024

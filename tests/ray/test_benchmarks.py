@@ -69,3 +69,12 @@ def test_convergence(tmp_path):
         assert run["final_version"] == 20 and len(run["curve"]) >= 2
     # Sync parity: the same final step gives the same test accuracy, up to floating point.
     assert runs["2"]["test_accuracy"] == pytest.approx(runs["1"]["test_accuracy"], abs=0.01)
+
+
+def test_stragglers(tmp_path):
+    figures = run_bench("stragglers", tmp_path)["figures"]
+    assert set(figures["runs"]) == {"no_straggler", "straggler", "straggler_with_1_backup"}
+    assert figures["step_time_vs_no_straggler"]["no_straggler"] == 1.0
+    for run in figures["runs"].values():
+        assert run["median_step_s"] > 0 and len(run["pushes_dropped_per_shard"]) == 1
+    assert figures["runs"]["no_straggler"]["pushes_dropped_per_shard"] == [0]
