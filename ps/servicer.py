@@ -13,10 +13,17 @@ In ssp mode a Push answers only once its worker may start its next step
 (`Shard.wait_turn`): the gradient is applied on arrival, the reply waits for
 the slowest worker to come within the staleness bound. PullRequest does not
 name its worker, so the gate sits on the push that precedes the next pull.
+
+Push and Pull carry their tensors through towerps/codec.py (bytes written
+and parsed by hand, the same bytes the generated classes would make), so
+`create_server` registers the methods itself instead of calling the
+generated `add_ParameterServerServicer_to_server`. A pulled version is
+encoded once and its messages are sent to every worker that pulls it.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent import futures
 
 import grpc
@@ -25,7 +32,8 @@ from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatc
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DROPPED, DUPLICATE, Shard
-from towerps.wire import GRPC_OPTIONS, pull_messages, pull_wire_dtype, read_push
+from towerps.codec import parse_part, pull_stream, read_push
+from towerps.wire import GRPC_OPTIONS, pull_wire_dtype
 
 _OUTCOMES = {
     BUFFERED: pb.PushReply.BUFFERED,
@@ -40,6 +48,10 @@ _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def __init__(self, shard: Shard):
         self._shard = shard
+        # (version, wire dtype) -> that version's Pull messages: only the
+        # latest version's are kept, one list per wire dtype asked for.
+        self._encoded: dict[object, tuple[int, list[bytes]]] = {}
+        self._encode_lock = threading.Lock()
 
     def Push(self, request_iterator, context):
         try:
@@ -76,7 +88,17 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
         except ShardUnavailable as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        yield from pull_messages(version, params, wire_dtype)
+        yield from self._pull_messages(version, params, wire_dtype)
+
+    def _pull_messages(self, version, params, wire_dtype) -> list[bytes]:
+        """The messages of `version`, encoded by its first pull. The lock is
+        held while encoding: the other pulls of that version wait for it
+        rather than encode again."""
+        with self._encode_lock:
+            cached = self._encoded.get(wire_dtype)
+            if cached is None or cached[0] != version:
+                cached = self._encoded[wire_dtype] = (version, pull_stream(version, params, wire_dtype))
+            return cached[1]
 
     def Status(self, request, context):
         version, stats = self._shard.stats(request.since_version)
@@ -116,9 +138,24 @@ def create_server(shard: Shard, address: str = "127.0.0.1:0", max_workers: int =
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="shard"),
         options=GRPC_OPTIONS,
     )
-    pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(shard), server)
+    server.add_generic_rpc_handlers((_handlers(ParameterServerServicer(shard)),))
     port = server.add_insecure_port(address)
     if port == 0:
         raise ShardUnavailable(f"could not bind a gRPC server to {address}")
     server.start()
     return server, port
+
+
+def _handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
+    """The service's methods; Push requests and Pull replies go through the
+    codec (a Pull reply is already bytes: no serializer)."""
+    return grpc.method_handlers_generic_handler("towerps.v1.ParameterServer", {
+        "Push": grpc.stream_unary_rpc_method_handler(
+            servicer.Push, request_deserializer=parse_part,
+            response_serializer=pb.PushReply.SerializeToString),
+        "Pull": grpc.unary_stream_rpc_method_handler(
+            servicer.Pull, request_deserializer=pb.PullRequest.FromString),
+        "Status": grpc.unary_unary_rpc_method_handler(
+            servicer.Status, request_deserializer=pb.StatusRequest.FromString,
+            response_serializer=pb.StatusReply.SerializeToString),
+    })

@@ -1,18 +1,18 @@
-"""Tensors on the wire: numpy arrays <-> streams of ~1 MiB TensorChunks.
+"""Tensors on the wire: dtypes, specs, and rebuilding tensors from chunks.
 
-Both ends use this module: a worker encodes gradients and decodes
+Both ends use this module: a worker sends gradients and receives
 parameters, a shard does the opposite. Bytes are raw little-endian in the
 tensor's dtype; a tensor is cut into chunks of at most CHUNK_BYTES so that no
 gRPC message approaches MAX_MESSAGE_BYTES, whatever the tensor size.
+Writing and parsing the messages themselves is `towerps/codec.py`.
 
-Copies: encoding makes one copy per chunk (protobuf `bytes` fields take only
-`bytes`); decoding writes each chunk once into a preallocated buffer that
-becomes the array.
+Copies: the receiver writes each chunk once into a preallocated buffer
+that becomes the array.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -83,60 +83,6 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
-def _pieces(
-    tensors: Mapping[str, np.ndarray], chunk_bytes: int, wire_dtype: np.dtype | None
-) -> Iterator[dict]:
-    """The fields of every chunk of every tensor, tensor after tensor, in order.
-
-    With `wire_dtype`, floating-point tensors are cast to it piece by piece,
-    so the cast and the copy out of the array are one pass.
-    """
-    for name, array in tensors.items():
-        dtype = array.dtype
-        if wire_dtype is not None and dtype.kind == "f":
-            dtype = np.dtype(wire_dtype)
-        dtype = dtype.newbyteorder("<")
-        code = wire_code(dtype)
-        flat = np.ascontiguousarray(array).reshape(-1)
-        step = max(1, chunk_bytes // dtype.itemsize)
-        shape = list(array.shape)
-        # A tensor with no elements still sends one (empty) chunk so the
-        # receiver learns its name, dtype and shape.
-        for start in range(0, max(flat.size, 1), step):
-            piece = flat[start:start + step].astype(dtype, copy=False)
-            yield dict(name=name, dtype=code, shape=shape, offset=start * dtype.itemsize,
-                       data=piece.tobytes())
-
-
-def encode_tensors(
-    tensors: Mapping[str, np.ndarray],
-    chunk_bytes: int = CHUNK_BYTES,
-    wire_dtype: np.dtype | None = None,
-) -> Iterator[pb.TensorChunk]:
-    """Yield the chunks of every tensor, tensor after tensor, in order."""
-    for fields in _pieces(tensors, chunk_bytes, wire_dtype):
-        yield pb.TensorChunk(**fields)
-
-
-def encode_batches(
-    tensors: Mapping[str, np.ndarray],
-    chunk_bytes: int = CHUNK_BYTES,
-    wire_dtype: np.dtype | None = None,
-) -> Iterator[pb.TensorChunks]:
-    """The same chunks, packed in order into messages of at most `chunk_bytes`
-    of data (a chunk of a large tensor fills one on its own). Chunks are built
-    inside their message, so their bytes are not copied again."""
-    batch, size = pb.TensorChunks(), 0
-    for fields in _pieces(tensors, chunk_bytes, wire_dtype):
-        if batch.chunks and size + len(fields["data"]) > chunk_bytes:
-            yield batch
-            batch, size = pb.TensorChunks(), 0
-        batch.chunks.add(**fields)
-        size += len(fields["data"])
-    if batch.chunks:
-        yield batch
-
-
 class TensorAssembler:
     """Rebuilds tensors from chunks, checking each chunk as it arrives.
 
@@ -152,7 +98,8 @@ class TensorAssembler:
         self._specs: dict[str, TensorSpec] = {}
         self._received: dict[str, int] = {}
 
-    def add(self, chunk: pb.TensorChunk) -> None:
+    def add(self, chunk) -> None:
+        """Take one chunk: a pb.TensorChunk or a codec.Chunk (same fields)."""
         name = chunk.name
         if name not in self._buffers:
             self._start(chunk)
@@ -174,7 +121,7 @@ class TensorAssembler:
         self._buffers[name][done:end] = np.frombuffer(chunk.data, np.uint8)
         self._received[name] = end
 
-    def _start(self, chunk: pb.TensorChunk) -> None:
+    def _start(self, chunk) -> None:
         name = chunk.name
         if chunk.dtype not in _FROM_WIRE:
             raise BadTensor(f"tensor {name!r}: unknown wire dtype code {chunk.dtype}")
@@ -230,34 +177,6 @@ def decode_tensors(
     return assembler.finish(num_tensors)
 
 
-def push_messages(
-    header: pb.PushHeader,
-    tensors: Mapping[str, np.ndarray],
-    wire_dtype: np.dtype | None = None,
-) -> Iterator[pb.PushRequest]:
-    """A Push stream: the header, then every chunk of every tensor."""
-    yield pb.PushRequest(header=header)
-    for batch in encode_batches(tensors, wire_dtype=wire_dtype):
-        yield pb.PushRequest(chunks=batch)
-
-
-def read_push(
-    requests: Iterable[pb.PushRequest], expected: Mapping[str, TensorSpec]
-) -> tuple[pb.PushHeader, dict[str, np.ndarray]]:
-    """Decode a Push stream; raises BadTensor on any malformed part."""
-    it = iter(requests)
-    first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
-        raise BadTensor("a Push stream must start with a PushHeader")
-    assembler = TensorAssembler(expected)
-    for request in it:
-        if request.WhichOneof("part") != "chunks":
-            raise BadTensor("a Push stream carries one PushHeader, then only chunks")
-        for chunk in request.chunks.chunks:
-            assembler.add(chunk)
-    return first.header, assembler.finish(first.header.num_tensors)
-
-
 def pull_wire_dtype(code: int) -> np.dtype | None:
     """The dtype a PullRequest asks for: None (as stored) or one of WIRE_DTYPES."""
     if code == pb.DTYPE_UNSPECIFIED:
@@ -266,22 +185,3 @@ def pull_wire_dtype(code: int) -> np.dtype | None:
     if dtype not in WIRE_DTYPES.values():
         raise BadTensor(f"parameters cannot be pulled as {dtype}; use one of {sorted(WIRE_DTYPES)}")
     return dtype
-
-
-def pull_messages(
-    version: int, tensors: Mapping[str, np.ndarray], wire_dtype: np.dtype | None = None
-) -> Iterator[pb.PullReply]:
-    """A Pull stream: the header with the version, then the chunks."""
-    yield pb.PullReply(header=pb.PullHeader(version=version, num_tensors=len(tensors)))
-    for batch in encode_batches(tensors, wire_dtype=wire_dtype):
-        yield pb.PullReply(chunks=batch)
-
-
-def read_pull(replies: Iterable[pb.PullReply]) -> tuple[int, dict[str, np.ndarray]]:
-    it = iter(replies)
-    first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
-        raise BadTensor("a Pull stream must start with a PullHeader")
-    chunks = (chunk for reply in it for chunk in reply.chunks.chunks)
-    tensors = decode_tensors(chunks, num_tensors=first.header.num_tensors)
-    return first.header.version, tensors

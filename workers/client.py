@@ -35,11 +35,13 @@ from towerps.errors import BadTensor, ConfigError, PullTimeout, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
-from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, push_messages, read_pull, wire_code
+from towerps.codec import parse_part, push_stream, read_pull
+from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OUTCOMES = {v: k.lower() for k, v in pb.PushReply.Outcome.items()}
+_SERVICE = "/towerps.v1.ParameterServer/"
 
 
 class PSClient:
@@ -68,6 +70,17 @@ class PSClient:
         self.backoff_s = backoff_s
         self._channels = [grpc.insecure_channel(a, options=GRPC_OPTIONS) for a in addresses]
         self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
+        # Push and Pull through towerps/codec.py: a pushed message is already
+        # bytes (no serializer), a pulled one is parsed without copying.
+        self._push_calls = [
+            c.stream_unary(_SERVICE + "Push", response_deserializer=pb.PushReply.FromString)
+            for c in self._channels
+        ]
+        self._pull_calls = [
+            c.unary_stream(_SERVICE + "Pull", request_serializer=pb.PullRequest.SerializeToString,
+                           response_deserializer=parse_part)
+            for c in self._channels
+        ]
         self._pool = futures.ThreadPoolExecutor(
             max_workers=len(addresses), thread_name_prefix="ps-client"
         )
@@ -89,7 +102,7 @@ class PSClient:
         def pull_one(k: int):
             def call(attempt: int):
                 # The RPC deadline leaves the shard time to answer DEADLINE_EXCEEDED itself.
-                return read_pull(self._stubs[k].Pull(request, timeout=timeout_s + 10.0))
+                return read_pull(self._pull_calls[k](request, timeout=timeout_s + 10.0))
 
             return self._call(k, call, _RETRY_ALWAYS)
 
@@ -128,8 +141,8 @@ class PSClient:
                     loss=loss,
                     num_tensors=len(per_shard[k]),
                 )
-                messages = push_messages(header, per_shard[k], self.wire_dtype)
-                reply = self._stubs[k].Push(messages, timeout=self.rpc_timeout_s)
+                messages = push_stream(header, per_shard[k], self.wire_dtype)
+                reply = self._push_calls[k](messages, timeout=self.rpc_timeout_s)
                 return _OUTCOMES[reply.outcome]
 
             return self._call(k, call, _RETRY_PUSH)

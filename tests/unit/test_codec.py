@@ -1,0 +1,109 @@
+"""The hand-written codec against the generated protobuf classes, both ways."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from towerps.codec import parse_part, pull_stream, push_stream, read_pull, read_push
+from towerps.errors import BadTensor
+from towerps.proto import towerps_pb2 as pb
+from towerps.wire import CHUNK_BYTES, TensorSpec
+
+from ..shapes import CIFAR10_CNN
+
+pytestmark = pytest.mark.unit
+
+
+def _tensors():
+    rng = np.random.default_rng(0)
+    out = {n: rng.standard_normal(s).astype(np.float32) for n, s in CIFAR10_CNN.items()}
+    out["empty"] = np.zeros((0, 3), np.float32)
+    out["scalar"] = np.array(3.5, np.float64)
+    out["ints"] = np.arange(-5, 5, dtype=np.int64)
+    return out
+
+
+def test_generated_classes_read_what_the_codec_writes():
+    tensors = _tensors()
+    header = pb.PushHeader(worker_rank=3, step=41, attempt=1, num_examples=128, loss=2.5,
+                           num_tensors=len(tensors))
+    messages = [pb.PushRequest.FromString(m) for m in push_stream(header, tensors)]
+    assert messages[0].header == header
+    chunks = [c for m in messages[1:] for c in m.chunks.chunks]
+    assert all(m.WhichOneof("part") == "chunks" for m in messages[1:])
+    rebuilt = {}
+    for c in chunks:
+        assert c.dtype == (pb.FLOAT64 if c.name == "scalar" else
+                           pb.INT64 if c.name == "ints" else pb.FLOAT32)
+        assert tuple(c.shape) == tensors[c.name].shape
+        assert c.offset == len(rebuilt.get(c.name, b""))
+        rebuilt[c.name] = rebuilt.get(c.name, b"") + c.data
+    assert {n: bytes(t.data) for n, t in tensors.items()} == rebuilt
+
+
+def test_the_codec_reads_what_the_generated_classes_write():
+    tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
+    header = pb.PullHeader(version=9, num_tensors=2)
+    chunks = [pb.TensorChunk(name=n, dtype=pb.FLOAT32, shape=t.shape, data=t.tobytes())
+              for n, t in tensors.items()]
+    # Two chunks of one tensor, the second at an offset: offset is only written when set.
+    first, second = tensors["w"].tobytes()[:8], tensors["w"].tobytes()[8:]
+    chunks[0].data = first
+    split = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2, 3], offset=8, data=second)
+    messages = [pb.PullReply(header=header),
+                pb.PullReply(chunks=pb.TensorChunks(chunks=[chunks[0], split])),
+                pb.PullReply(chunks=pb.TensorChunks(chunks=[chunks[1]]))]
+    version, out = read_pull(parse_part(m.SerializeToString()) for m in messages)
+    assert version == 9
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(out[name], array)
+
+
+def test_push_round_trip_through_bytes_with_a_compact_wire_dtype():
+    grads = {"w": np.linspace(-1, 1, 300_000, dtype=np.float32)}  # 1.2 MB: 2 chunks
+    header = pb.PushHeader(worker_rank=0, step=0, num_examples=1, num_tensors=1)
+    parts = [parse_part(m) for m in push_stream(header, grads, np.dtype(ml_dtypes.bfloat16))]
+    assert len(parts) == 2  # header, then one message (bfloat16 halves the bytes)
+    assert sum(len(c.data) for c in parts[1].chunks) == 600_000
+    got_header, got = read_push(parts, {"w": TensorSpec(np.dtype(np.float32), (300_000,))})
+    assert got_header == header
+    assert got["w"].dtype == np.float32
+    np.testing.assert_allclose(got["w"], grads["w"], atol=1e-2)
+
+
+def test_chunk_data_is_a_view_of_the_received_message_and_messages_stay_small():
+    big = {"local3/kernel": np.ones((2304, 384), np.float32)}
+    messages = pull_stream(1, big)
+    assert max(len(m) for m in messages) < CHUNK_BYTES + 1024
+    part = parse_part(messages[1])
+    assert isinstance(part.chunks[0].data, memoryview)
+    assert part.chunks[0].data.obj is messages[1]
+
+
+@pytest.mark.parametrize("buf, message", [
+    (b"\x12\x05\x0a\x03", "runs past the end"),
+    (b"\x12\x80", "truncated or overlong varint"),
+    (b"\x12\x02\x0f\x00", "wire type 7"),
+    (b"\x12\x06\x0a\x04\x0a\x02\xff\xfe", "not UTF-8"),
+])
+def test_malformed_messages_become_errors_that_readers_raise(buf, message):
+    part = parse_part(buf)
+    assert message in part.error
+    header = push_stream(pb.PushHeader(num_tensors=1), {})
+    with pytest.raises(BadTensor, match=message):
+        read_push([parse_part(next(header)), part], {})
+    with pytest.raises(BadTensor, match="first message is malformed"):
+        read_pull([part])
+
+
+def test_unknown_fields_are_skipped_and_negative_dimensions_survive_for_the_check():
+    chunk = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[-2], data=b"")
+    unknown = b"\x30\x07" + b"\x39" + b"\0" * 8  # field 6 varint, field 7 fixed64
+    inner = chunk.SerializeToString() + unknown
+    entries = b"\x0a" + bytes([len(inner)]) + inner
+    buf = b"\x12" + bytes([len(entries)]) + entries
+    (parsed,) = parse_part(buf).chunks
+    assert (parsed.name, parsed.shape) == ("w", (-2,))
+    header = pb.PullReply(header=pb.PullHeader(num_tensors=1)).SerializeToString()
+    with pytest.raises(BadTensor, match="negative dimension"):
+        read_pull([parse_part(header), parse_part(buf)])

@@ -1,0 +1,270 @@
+"""Push and Pull streams as bytes, written and parsed by hand.
+
+    parts = push_stream(header, grads)            # Iterator[bytes], one per message
+    header, grads = read_push(parse_part(b) for b in parts, expected)
+    messages = pull_stream(version, params)       # list[bytes]: cache and resend it
+    version, params = read_pull(parse_part(b) for b in messages)
+
+Tensor bytes are nearly all of every Push and Pull. The generated protobuf
+classes copy them four times on each side (into the message, out of it when
+serialising, and twice more when parsing and reading a `bytes` field); here a
+message is written with one copy (`bytes.join` over views of the arrays) and
+parsed with none (a chunk's `data` is a memoryview of the received message),
+so gRPC's own copy into and out of its buffers is all that is left.
+
+The bytes are exactly protobuf's encoding of proto/towerps.proto's
+PushRequest and PullReply (a TensorChunks inside the `chunks` field): the
+.proto stays the contract, a peer using the generated stubs interoperates,
+and tests/unit/test_codec.py checks both directions against the generated
+classes. `parse_part` never raises: a malformed message becomes a `Part`
+with `error` set, so the reader fails with BadTensor (INVALID_ARGUMENT at a
+shard) instead of gRPC's opaque "Exception deserializing request".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+from towerps.errors import BadTensor
+from towerps.proto import towerps_pb2 as pb
+from towerps.wire import CHUNK_BYTES, TensorAssembler, TensorSpec, wire_code
+
+_LEN, _VARINT, _I64, _I32 = 2, 0, 1, 5  # protobuf wire types
+_HEADER, _CHUNKS = 1, 2  # field numbers of the oneof in PushRequest and PullReply
+_INT64_SIGN = 1 << 63
+
+
+class Chunk(NamedTuple):
+    """One TensorChunk as parsed: what TensorAssembler.add reads."""
+
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    offset: int
+    data: memoryview
+
+
+class Part(NamedTuple):
+    """One message of a stream: a header (serialised PushHeader or PullHeader
+    bytes), chunks, or the reason it could not be parsed."""
+
+    header: bytes | None = None
+    chunks: tuple[Chunk, ...] = ()
+    error: str | None = None
+
+
+# -- writing ----------------------------------------------------------------
+
+def _varint(value: int) -> bytes:
+    """Protobuf base-128 varint; negative int64 values as their 64-bit pattern."""
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _key(field: int, wire_type: int) -> bytes:
+    return _varint(field << 3 | wire_type)
+
+
+def _chunk_prefix(name: bytes, code: int, shape: tuple[int, ...], offset: int, nbytes: int) -> bytes:
+    """TensorChunk fields 1-4 and the key and length of field 5 (`data`)."""
+    fields = [_key(1, _LEN), _varint(len(name)), name]
+    if code:
+        fields += [_key(2, _VARINT), _varint(code)]
+    if shape:
+        packed = b"".join(_varint(d) for d in shape)
+        fields += [_key(3, _LEN), _varint(len(packed)), packed]
+    if offset:
+        fields += [_key(4, _VARINT), _varint(offset)]
+    fields += [_key(5, _LEN), _varint(nbytes)]
+    return b"".join(fields)
+
+
+def _pieces(tensors: Mapping[str, np.ndarray], chunk_bytes: int, wire_dtype: np.dtype | None):
+    """(prefix, data) of every chunk of every tensor, in order; data is a view
+    of the array unless `wire_dtype` casts it (piece by piece, one pass)."""
+    for name, array in tensors.items():
+        dtype = array.dtype
+        if wire_dtype is not None and dtype.kind == "f":
+            dtype = np.dtype(wire_dtype)
+        dtype = dtype.newbyteorder("<")
+        code = wire_code(dtype)
+        flat = np.ascontiguousarray(array).reshape(-1)
+        step = max(1, chunk_bytes // dtype.itemsize)
+        name_bytes, shape = name.encode(), tuple(array.shape)
+        # A tensor with no elements still sends one (empty) chunk so the
+        # receiver learns its name, dtype and shape.
+        for start in range(0, max(flat.size, 1), step):
+            piece = flat[start:start + step].astype(dtype, copy=False)
+            data = memoryview(piece.view(np.uint8))
+            yield _chunk_prefix(name_bytes, code, shape, start * dtype.itemsize, len(data)), data
+
+
+def _chunk_messages(tensors, wire_dtype, chunk_bytes=CHUNK_BYTES) -> Iterator[bytes]:
+    """`chunks` messages of at most `chunk_bytes` of data each (a chunk of a
+    large tensor fills one alone; many small tensors share one)."""
+    entries: list = []
+    size = 0
+
+    def message() -> bytes:
+        body_len = sum(len(e) for e in entries)
+        return b"".join([_key(_CHUNKS, _LEN), _varint(body_len), *entries])
+
+    for prefix, data in _pieces(tensors, chunk_bytes, wire_dtype):
+        if entries and size + len(data) > chunk_bytes:
+            yield message()
+            entries, size = [], 0
+        entries += [_key(1, _LEN), _varint(len(prefix) + len(data)), prefix, data]
+        size += len(data)
+    if entries:
+        yield message()
+
+
+def _header_message(header) -> bytes:
+    body = header.SerializeToString()
+    return b"".join([_key(_HEADER, _LEN), _varint(len(body)), body])
+
+
+def push_stream(
+    header: pb.PushHeader, tensors: Mapping[str, np.ndarray], wire_dtype: np.dtype | None = None
+) -> Iterator[bytes]:
+    """A Push stream's messages: the header, then every chunk of every tensor.
+    Lazy: a message is built when gRPC asks for it."""
+    yield _header_message(header)
+    yield from _chunk_messages(tensors, wire_dtype)
+
+
+def pull_stream(
+    version: int, tensors: Mapping[str, np.ndarray], wire_dtype: np.dtype | None = None
+) -> list[bytes]:
+    """A Pull stream's messages, all built now so that one encoding can answer
+    every pull of the same version."""
+    header = pb.PullHeader(version=version, num_tensors=len(tensors))
+    return [_header_message(header), *_chunk_messages(tensors, wire_dtype)]
+
+
+# -- parsing ----------------------------------------------------------------
+
+def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < end:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            break
+    raise BadTensor("malformed protobuf: truncated or overlong varint")
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value & _INT64_SIGN else value
+
+
+def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int | tuple[int, int]]]:
+    """(field number, wire type, value) of one message in buf[pos:end]; the
+    value of a length-delimited field is its (start, end)."""
+    while pos < end:
+        key, pos = _read_varint(buf, pos, end)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == _VARINT:
+            value, pos = _read_varint(buf, pos, end)
+        elif wire_type == _LEN:
+            length, pos = _read_varint(buf, pos, end)
+            value = (pos, pos + length)
+            pos += length
+        elif wire_type in (_I64, _I32):  # no such fields here; skipped as unknown
+            value, pos = 0, pos + (8 if wire_type == _I64 else 4)
+        else:
+            raise BadTensor(f"malformed protobuf: wire type {wire_type} of field {field}")
+        if pos > end:
+            raise BadTensor("malformed protobuf: a field runs past the end of its message")
+        yield field, wire_type, value
+
+
+def _parse_chunk(buf: bytes, view: memoryview, pos: int, end: int) -> Chunk:
+    name, code, shape, offset, data = "", 0, [], 0, view[0:0]
+    for field, wire_type, value in _fields(buf, pos, end):
+        if field == 1 and wire_type == _LEN:
+            try:
+                name = bytes(view[value[0]:value[1]]).decode()
+            except UnicodeDecodeError:
+                raise BadTensor("malformed TensorChunk: its name is not UTF-8") from None
+        elif field == 2 and wire_type == _VARINT:
+            code = value
+        elif field == 3 and wire_type == _LEN:  # packed (proto3's default)
+            p, stop = value
+            while p < stop:
+                dim, p = _read_varint(buf, p, stop)
+                shape.append(_int64(dim))
+        elif field == 3 and wire_type == _VARINT:  # unpacked, also valid protobuf
+            shape.append(_int64(value))
+        elif field == 4 and wire_type == _VARINT:
+            offset = _int64(value)
+        elif field == 5 and wire_type == _LEN:
+            data = view[value[0]:value[1]]
+    return Chunk(name, code, tuple(shape), offset, data)
+
+
+def parse_part(buf: bytes) -> Part:
+    """One PushRequest or PullReply message (gRPC's deserializer on both ends)."""
+    view = memoryview(buf)
+    header, chunks = None, []
+    try:
+        for field, wire_type, value in _fields(buf, 0, len(buf)):
+            if wire_type != _LEN:
+                continue
+            start, end = value
+            if field == _HEADER:
+                header, chunks = bytes(view[start:end]), []  # oneof: the last one set wins
+            elif field == _CHUNKS:
+                header = None
+                chunks = [_parse_chunk(buf, view, s, e)
+                          for f, w, (s, e) in _fields(buf, start, end) if f == 1 and w == _LEN]
+    except BadTensor as err:
+        return Part(error=str(err))
+    return Part(header=header, chunks=tuple(chunks))
+
+
+# -- reading whole streams -------------------------------------------------
+
+def _read(parts: Iterable[Part], header_type, stream: str, expected=None):
+    it = iter(parts)
+    first = next(it, None)
+    if first is not None and first.error:
+        raise BadTensor(f"a {stream} stream's first message is malformed: {first.error}")
+    if first is None or first.header is None:
+        raise BadTensor(f"a {stream} stream must start with a {header_type.__name__}")
+    header = header_type.FromString(first.header)
+    assembler = TensorAssembler(expected)
+    for part in it:
+        if part.error:
+            raise BadTensor(f"a {stream} stream carried a malformed message: {part.error}")
+        if part.header is not None:
+            raise BadTensor(f"a {stream} stream carries one {header_type.__name__}, "
+                            "then only chunks")
+        for chunk in part.chunks:
+            assembler.add(chunk)
+    return header, assembler.finish(header.num_tensors)
+
+
+def read_push(
+    parts: Iterable[Part], expected: Mapping[str, TensorSpec]
+) -> tuple[pb.PushHeader, dict[str, np.ndarray]]:
+    """Decode a Push stream; raises BadTensor on any malformed part."""
+    return _read(parts, pb.PushHeader, "Push", expected)
+
+
+def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:
+    """Decode a Pull stream: (version, tensors); raises BadTensor when malformed."""
+    header, tensors = _read(parts, pb.PullHeader, "Pull")
+    return header.version, tensors
