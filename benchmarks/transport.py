@@ -52,7 +52,7 @@ def add_flags(parser) -> None:
     add = parser.add_argument
     add("--sizes-mb", default="4,64,512", help="comma-separated sizes in MB (default %(default)s)")
     add("--tensor-mb", type=float, default=32.0, help="largest tensor (default %(default)s MB)")
-    add("--reps", default="20,5,2", help="timed rounds per size (default %(default)s)")
+    add("--reps", default="30,9,7", help="timed rounds per size (default %(default)s)")
     # Internal: the two processes of one size.
     add("--role", choices=("main", "shard", "client"), default="main", help="(internal)")
     add("--mb", type=float, default=None, help="(internal)")

@@ -10,6 +10,12 @@ Weighted by examples: a push's gradient is the mean over its examples, so the
 buffer sums n_i * g_i and divides by sum(n_i) once; with unequal slices this
 is still exactly the gradient of all the examples together. Not thread
 safe: the shard holds its lock around every call.
+
+Memory: the first push of a step is scaled straight into the buffer (no
+zero fill, no temporary); later ones go through a scratch block of
+BLOCK_ELEMENTS, so no temporary as large as a variable is ever made (above
+32 MB glibc maps each one fresh, and its page faults cost more than the
+arithmetic).
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from towerps.ps.optimizers import BLOCK_ELEMENTS, flat_blocks
+
 
 class StepBuffer:
     def __init__(self, like: Mapping[str, np.ndarray]):
-        self._sum = {n: np.zeros_like(v) for n, v in like.items()}
+        self._sum = {n: np.empty_like(v) for n, v in like.items()}  # valid once added to
+        self._scratch = np.empty(BLOCK_ELEMENTS, np.float32)
         self.contributors: set[int] = set()
         self.num_examples = 0
         self._loss_sum = 0.0
@@ -30,9 +39,16 @@ class StepBuffer:
         return len(self.contributors)
 
     def add(self, rank: int, grads: Mapping[str, np.ndarray], num_examples: int, loss: float) -> None:
+        n = np.float32(num_examples)
+        first = not self.contributors
         for name, grad in grads.items():
-            # (shape of the variable) += scalar * (same shape)
-            self._sum[name] += np.float32(num_examples) * grad
+            for total, g in flat_blocks(self._sum[name], grad):
+                # (block of the variable) += n * (same block)
+                if first:
+                    np.multiply(g, n, out=total)
+                else:
+                    scaled = np.multiply(g, n, out=self._scratch[:len(g)])
+                    total += scaled
         self.contributors.add(rank)
         self.num_examples += num_examples
         self._loss_sum += loss * num_examples
@@ -50,8 +66,7 @@ class StepBuffer:
         return self._sum
 
     def clear(self) -> None:
-        for grad_sum in self._sum.values():
-            grad_sum.fill(0.0)
+        """Start a new step (the next first push overwrites the sums)."""
         self.contributors.clear()
         self.num_examples = 0
         self._loss_sum = 0.0

@@ -11,6 +11,9 @@ shards gives the weights training with Keras would give.
 
 Contract of `apply`: it validates every gradient before it touches any
 variable, so a bad push leaves the shard's weights and slots as they were.
+Updates are element-wise, so they run over flat blocks of BLOCK_ELEMENTS
+(`flat_blocks`): the same arithmetic per element, with temporaries of one
+block (in cache) rather than of a whole variable.
 Not thread safe: the shard holds its lock around `apply`, `state` and
 `load_state`.
 """
@@ -29,6 +32,22 @@ DEFAULT_LR = {"sgd": 0.1, "momentum": 0.05, "adam": 1e-3}
 
 _F32 = np.float32
 _ITERATIONS_KEY = "iterations"
+BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32
+
+
+def flat_blocks(*arrays: np.ndarray):
+    """Matching flat views of blocks of same-sized arrays: (a[i:j], b[i:j], ...).
+
+    The first array is written through its views, so it must be contiguous;
+    the others are only read (a non-contiguous one is copied once).
+    """
+    if not arrays[0].flags.c_contiguous:
+        raise ValueError("flat_blocks writes through the first array: it must be contiguous")
+    flats = [arrays[0].reshape(-1), *(np.ascontiguousarray(a).reshape(-1) for a in arrays[1:])]
+    size = flats[0].size
+    for start in range(0, size, BLOCK_ELEMENTS):
+        stop = min(start + BLOCK_ELEMENTS, size)
+        yield tuple(f[start:stop] for f in flats)
 
 
 class Optimizer:
@@ -66,7 +85,9 @@ class Optimizer:
         slots = {name: {s: self._slot(s, name, g.shape) for s in self.slot_names}
                  for name, g in checked.items()}
         for name, grad in checked.items():
-            self._update(params[name], grad, slots[name], lr)
+            names = list(slots[name])
+            for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
+                self._update(w, g, dict(zip(names, slot_blocks)), lr)
         self.iterations += 1
 
     def state(self) -> dict[str, np.ndarray]:

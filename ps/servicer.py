@@ -17,8 +17,11 @@ name its worker, so the gate sits on the push that precedes the next pull.
 Push and Pull carry their tensors through towerps/codec.py (bytes written
 and parsed by hand, the same bytes the generated classes would make), so
 `create_server` registers the methods itself instead of calling the
-generated `add_ParameterServerServicer_to_server`. A pulled version is
-encoded once and its messages are sent to every worker that pulls it.
+generated `add_ParameterServerServicer_to_server`. In sync mode with more
+than one worker, every worker pulls every version: the first pull encodes
+it and the same messages answer the others (held until the next version,
+one more copy of the parameters' bytes). Otherwise a pull encodes lazily,
+a message at a time.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def __init__(self, shard: Shard):
         self._shard = shard
-        # (version, wire dtype) -> that version's Pull messages: only the
-        # latest version's are kept, one list per wire dtype asked for.
+        self._share_encoding = shard.mode.aggregates and shard.num_workers > 1
+        # wire dtype -> (version, its Pull messages): the latest version's only.
         self._encoded: dict[object, tuple[int, list[bytes]]] = {}
         self._encode_lock = threading.Lock()
 
@@ -90,14 +93,17 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         yield from self._pull_messages(version, params, wire_dtype)
 
-    def _pull_messages(self, version, params, wire_dtype) -> list[bytes]:
-        """The messages of `version`, encoded by its first pull. The lock is
-        held while encoding: the other pulls of that version wait for it
-        rather than encode again."""
+    def _pull_messages(self, version, params, wire_dtype):
+        """The messages of `version`; when shared, encoded by its first pull
+        with the lock held, so the other pulls wait for them rather than
+        encode again."""
+        if not self._share_encoding:
+            return pull_stream(version, params, wire_dtype)
         with self._encode_lock:
             cached = self._encoded.get(wire_dtype)
             if cached is None or cached[0] != version:
-                cached = self._encoded[wire_dtype] = (version, pull_stream(version, params, wire_dtype))
+                messages = list(pull_stream(version, params, wire_dtype))
+                cached = self._encoded[wire_dtype] = (version, messages)
             return cached[1]
 
     def Status(self, request, context):

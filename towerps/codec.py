@@ -2,7 +2,7 @@
 
     parts = push_stream(header, grads)            # Iterator[bytes], one per message
     header, grads = read_push(parse_part(b) for b in parts, expected)
-    messages = pull_stream(version, params)       # list[bytes]: cache and resend it
+    messages = list(pull_stream(version, params)) # may be kept and sent to many
     version, params = read_pull(parse_part(b) for b in messages)
 
 Tensor bytes are nearly all of every Push and Pull. The generated protobuf
@@ -143,11 +143,10 @@ def push_stream(
 
 def pull_stream(
     version: int, tensors: Mapping[str, np.ndarray], wire_dtype: np.dtype | None = None
-) -> list[bytes]:
-    """A Pull stream's messages, all built now so that one encoding can answer
-    every pull of the same version."""
-    header = pb.PullHeader(version=version, num_tensors=len(tensors))
-    return [_header_message(header), *_chunk_messages(tensors, wire_dtype)]
+) -> Iterator[bytes]:
+    """A Pull stream's messages: the header with the version, then the chunks. Lazy."""
+    yield _header_message(pb.PullHeader(version=version, num_tensors=len(tensors)))
+    yield from _chunk_messages(tensors, wire_dtype)
 
 
 # -- parsing ----------------------------------------------------------------

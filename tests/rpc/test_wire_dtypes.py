@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from towerps.wire import WIRE_DTYPES
+from towerps.workers.client import PSClient
 
 from .conftest import random_variables
 
@@ -46,3 +47,24 @@ def test_bfloat16_gradient_is_accumulated_in_float32_not_rounded_to_bfloat16(ser
     _, params = client.pull(1, timeout_s=10.0)
     np.testing.assert_array_equal(params["w"], np.full(4, 1 - 2.0**-10, np.float32))
     assert np.float32(1 - 2.0**-10).astype(ml_dtypes.bfloat16) != np.float32(1 - 2.0**-10)
+
+
+def test_workers_pulling_one_version_in_different_dtypes_each_get_their_own(serve):
+    # Sync with 2 workers: the shard encodes a version once per wire dtype
+    # and answers every pull of it with those messages.
+    variables = random_variables({"w": (300, 40)})
+    exact = serve(variables, num_workers=2)
+    compact = PSClient(exact.addresses, exact.plan, "bfloat16")
+    try:
+        for client in (exact, compact, exact, compact):
+            _, pulled = client.pull(0, timeout_s=10.0)
+            rtol = RTOL["float32" if client is exact else "bfloat16"]
+            np.testing.assert_allclose(pulled["w"], variables["w"], rtol=rtol, atol=0)
+        grads = random_variables({"w": (300, 40)}, seed=1)
+        exact.push(0, 0, grads, num_examples=1, loss=0.0)
+        exact.push(1, 0, grads, num_examples=1, loss=0.0)
+        version, pulled = exact.pull(1, timeout_s=10.0)
+        assert version == 1  # a new version: not the messages of version 0
+        np.testing.assert_allclose(pulled["w"], variables["w"] - 0.1 * grads["w"], rtol=1e-6)
+    finally:
+        compact.close()

@@ -73,7 +73,7 @@ def test_push_round_trip_through_bytes_with_a_compact_wire_dtype():
 
 def test_chunk_data_is_a_view_of_the_received_message_and_messages_stay_small():
     big = {"local3/kernel": np.ones((2304, 384), np.float32)}
-    messages = pull_stream(1, big)
+    messages = list(pull_stream(1, big))
     assert max(len(m) for m in messages) < CHUNK_BYTES + 1024
     part = parse_part(messages[1])
     assert isinstance(part.chunks[0].data, memoryview)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 def encode_batches(tensors):
     """Each chunks message of a Pull stream, parsed: a tuple of Chunks."""
-    return [parse_part(m).chunks for m in pull_stream(0, tensors)[1:]]
+    return [parse_part(m).chunks for m in list(pull_stream(0, tensors))[1:]]
 
 
 def encode_tensors(tensors):
