@@ -19,21 +19,26 @@ The cost model beside it has inputs measured first in the same run, with
 
   alpha      per-message latency: half the step time of a 1 KB model (a
              step is one pull and one push);
+  b_s, b_w   CPU seconds per RPC pair (a pull and a push) in the shard and
+             in the worker, from /proc and the actor's process time during
+             the 1 KB model's steps: the fixed cost of a call, paid once per
+             (worker, shard) per step, so it grows with K;
   c_s, c_w   CPU seconds per byte moved in the shard and in the worker
-             process (from /proc and the actor's process time while the
-             real model's S bytes go each way), i.e. 1 / bandwidth of each
-             endpoint: a shard's Python path is serialised by the GIL, so a
-             shard is one core's worth of bandwidth at most.
+             process while the real model's S bytes go each way, net of
+             b_s, b_w; i.e. 1 / bandwidth of each endpoint: a shard's Python
+             path is serialised by the GIL, so a shard is one core's worth
+             of bandwidth at most.
 
 A sync step moves S bytes each way per worker, N S / K per shard, so
 
-  T + 2 alpha + max( 2 (N S / K) c_s,            # the busiest shard
-                     2 S c_w,                    # a worker
-                     2 N S (c_s + c_w) / C )     # all the bytes on C shared cores
+  T + 2 alpha + max( N (2 (S / K) c_s + b_s),          # the busiest shard
+                     2 S c_w + K b_w,                  # a worker
+                     N (2 S (c_s + c_w) + K (b_s + b_w)) / C )  # all of it on C cores
 
 the classic parameter-server model (latency + bytes / bandwidth at the
-busiest endpoint), plus the bound that on one machine every byte costs CPU
-on cores everyone shares. Goal: measured within 1.15x of the prediction.
+busiest endpoint), plus the bound that on one machine every byte and every
+call costs CPU on cores everyone shares. Goal: measured within 1.15x of the
+prediction.
 """
 
 from __future__ import annotations
@@ -143,9 +148,18 @@ class Bench:
                 "shard_bytes": plan.shard_bytes()}
 
 
+def step_cpu(cal: dict, n: int, k: int, nbytes: int) -> float:
+    """CPU seconds of one sync step in all processes together, as the model counts them."""
+    per_call = cal["shard_cpu_s_per_call_pair"] + cal["worker_cpu_s_per_call_pair"]
+    per_byte = cal["shard_cpu_s_per_byte"] + cal["worker_cpu_s_per_byte"]
+    return n * (2 * nbytes * per_byte + k * per_call)
+
+
 def predict(cal: dict, n: int, k: int, nbytes: int, compute_s: float, cores: int) -> float:
     c_s, c_w = cal["shard_cpu_s_per_byte"], cal["worker_cpu_s_per_byte"]
-    busiest = max(2 * n * nbytes / k * c_s, 2 * nbytes * c_w, 2 * n * nbytes * (c_s + c_w) / cores)
+    b_s, b_w = cal["shard_cpu_s_per_call_pair"], cal["worker_cpu_s_per_call_pair"]
+    busiest = max(n * (2 * nbytes / k * c_s + b_s), 2 * nbytes * c_w + k * b_w,
+                  step_cpu(cal, n, k, nbytes) / cores)
     return compute_s + 2 * cal["alpha_s"] + busiest
 
 
@@ -172,11 +186,14 @@ def main(argv=None) -> dict:
         big = bench.step_times(shapes, 1, 1, 0.0, total_steps)
         alpha = timed(tiny["step_s"]) / 2
         big_step = timed(big["step_s"])
-        moved = 2 * nbytes * total_steps
+        # Per step: one call pair of the 1 KB model; the real model's bytes, net of its calls.
+        b_s, b_w = tiny["shard_cpu_s"] / total_steps, tiny["worker_cpu_s"] / total_steps
+        big_s, big_w = big["shard_cpu_s"] / total_steps, big["worker_cpu_s"] / total_steps
         cal = {"alpha_s": alpha, "step_1kb_s": 2 * alpha, "step_model_s": big_step,
                "pair_bytes_per_s": 2 * nbytes / max(big_step - 2 * alpha, 1e-9),
-               "shard_cpu_s_per_byte": big["shard_cpu_s"] / moved,
-               "worker_cpu_s_per_byte": big["worker_cpu_s"] / moved}
+               "shard_cpu_s_per_call_pair": b_s, "worker_cpu_s_per_call_pair": b_w,
+               "shard_cpu_s_per_byte": max(big_s - b_s, 0.0) / (2 * nbytes),
+               "worker_cpu_s_per_byte": max(big_w - b_w, 0.0) / (2 * nbytes)}
 
         configs = []
         for k in shards:
@@ -194,8 +211,7 @@ def main(argv=None) -> dict:
                     # assumes (calibrated bytes x CPU/byte): where they part, contention
                     # made each byte dearer.
                     "cpu_s_per_step": (run["worker_cpu_s"] + run["shard_cpu_s"]) / total_steps,
-                    "model_cpu_s_per_step": 2 * n * nbytes * (cal["shard_cpu_s_per_byte"]
-                                                              + cal["worker_cpu_s_per_byte"]),
+                    "model_cpu_s_per_step": step_cpu(cal, n, k, nbytes),
                     "all_step_s": run["step_s"]})
 
     for c in configs:
@@ -208,7 +224,9 @@ def main(argv=None) -> dict:
                          worst_off, 1.15, higher_is_better=False)]
     effs = ", ".join(f"K={k}: {e:.2f}" for k, e in at_max.items() if e is not None)
     summary = (f"{nbytes / 1e6:.1f} MB model, T={args.compute_ms:g} ms: efficiency at "
-               f"{max(workers)} workers {effs}; cost model (alpha {alpha * 1e3:.1f} ms, shard "
+               f"{max(workers)} workers {effs}; cost model (alpha {alpha * 1e3:.1f} ms, "
+               f"{(cal['shard_cpu_s_per_call_pair'] + cal['worker_cpu_s_per_call_pair']) * 1e3:.1f}"
+               f" ms CPU per call pair, shard "
                f"{1e-6 / cal['shard_cpu_s_per_byte']:,.0f} MB/s, worker "
                f"{1e-6 / cal['worker_cpu_s_per_byte']:,.0f} MB/s per core) off by at most "
                f"{worst_off:.2f}x (goal <= 1.15)")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from concurrent import futures
 
 import grpc
+import grpc.experimental
 import numpy as np
 
 from towerps.errors import BadTensor, ConfigError, PullTimeout, ShardUnavailable, StepMismatch
@@ -68,7 +69,10 @@ class PSClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
-        self._channels = [grpc.insecure_channel(a, options=GRPC_OPTIONS) for a in addresses]
+        # A pull (unary-stream) reads its replies on the calling thread rather
+        # than through gRPC's channel thread: one hand-off fewer per message.
+        options = (*GRPC_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
+        self._channels = [grpc.insecure_channel(a, options=options) for a in addresses]
         self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
         # Push and Pull through towerps/codec.py: a pushed message is already
         # bytes (no serializer), a pulled one is parsed without copying.
@@ -160,6 +164,8 @@ class PSClient:
         )
 
     def _fan_out(self, fn: Callable[[int], object]) -> list:
+        if self.num_shards == 1:  # nothing to overlap: spare the thread hand-off
+            return [fn(0)]
         pending = [self._pool.submit(fn, k) for k in range(self.num_shards)]
         return [f.result() for f in pending]
 

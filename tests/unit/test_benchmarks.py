@@ -75,13 +75,20 @@ def test_scaling_model_has_the_asked_size_and_the_cost_model_adds_up():
     shapes = model_shapes(26.2144)
     nbytes = sum(4 * int(__import__("math").prod(s)) for s in shapes.values())
     assert abs(nbytes - 26_214_400) / 26_214_400 < 0.01
-    cal = {"alpha_s": 0.001, "shard_cpu_s_per_byte": 1e-9, "worker_cpu_s_per_byte": 1e-9}
+    cal = {"alpha_s": 0.001, "shard_cpu_s_per_byte": 1e-9, "worker_cpu_s_per_byte": 1e-9,
+           "shard_cpu_s_per_call_pair": 0.0, "worker_cpu_s_per_call_pair": 0.0}
     # 1 worker, 1 shard: T + 2 alpha + 2 S c (the shard and the worker are equally busy).
     assert predict(cal, 1, 1, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 0.2)
     # 8 workers on one shard: that shard moves 8 S each way.
     assert predict(cal, 8, 1, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 1.6)
     # ...but on 2 cores all bytes share them: 2 N S (c_s + c_w) / C.
     assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 1.6)
+    # Every (worker, shard) pair makes a pull and a push per step, each call costing CPU
+    # wherever it lands: on 2 cores 8 workers x 4 shards x 10 ms.
+    cal.update(shard_cpu_s_per_call_pair=0.004, worker_cpu_s_per_call_pair=0.006)
+    assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 1.6 + 0.16)
+    # A worker alone: its bytes and its 4 calls (the shards are idle by comparison).
+    assert predict(cal, 1, 4, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 0.2 + 0.024)
 
 
 def test_reset_peak_rss_brings_the_high_water_mark_down_to_now():
