@@ -2,25 +2,35 @@
 
 Public API: `load_dataset`, `build_model`, `Tower`, `PSClient`, `Worker`,
 `WorkerSpec`. This package never imports Ray.
+
+The exports load lazily, each from its module on first use: a process that
+only talks to shards (`PSClient`) or reads data must not pay for importing
+TensorFlow (about 500 MB and seconds of start-up), which only models,
+towers and the worker loop need.
 """
 
-from towerps.workers.client import PSClient
-from towerps.workers.data import DATASETS, DataSet, load_dataset
-from towerps.workers.models import DEFAULT_MODEL, MODELS, build_model, model_input_shape
-from towerps.workers.tower import Tower
-from towerps.workers.worker import Worker, WorkerReport, WorkerSpec
+import importlib
 
-__all__ = [
-    "DATASETS",
-    "DEFAULT_MODEL",
-    "MODELS",
-    "DataSet",
-    "PSClient",
-    "Tower",
-    "Worker",
-    "WorkerReport",
-    "WorkerSpec",
-    "build_model",
-    "load_dataset",
-    "model_input_shape",
-]
+_EXPORTS = {
+    "PSClient": "client",
+    "DATASETS": "data",
+    "DataSet": "data",
+    "load_dataset": "data",
+    "DEFAULT_MODEL": "models",
+    "MODELS": "models",
+    "build_model": "models",
+    "model_input_shape": "models",
+    "Tower": "tower",
+    "Worker": "worker",
+    "WorkerReport": "worker",
+    "WorkerSpec": "worker",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'towerps.workers' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"towerps.workers.{module}"), name)

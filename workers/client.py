@@ -32,11 +32,11 @@ import grpc
 import grpc.experimental
 import numpy as np
 
+from towerps.codec import parse_part, push_stream, read_pull
 from towerps.errors import BadTensor, ConfigError, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
-from towerps.codec import parse_part, push_stream, read_pull
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)

@@ -107,3 +107,16 @@ def test_unknown_fields_are_skipped_and_negative_dimensions_survive_for_the_chec
     header = pb.PullReply(header=pb.PullHeader(num_tensors=1)).SerializeToString()
     with pytest.raises(BadTensor, match="negative dimension"):
         read_pull([parse_part(header), parse_part(buf)])
+
+
+def test_a_process_that_only_talks_to_shards_does_not_import_tensorflow():
+    from tests.unit.fresh import run_fresh
+
+    loaded = run_fresh("""
+        import json, sys
+        from towerps.workers import PSClient, load_dataset
+        from towerps.ps import Shard, create_server
+        import towerps.cluster
+        print(json.dumps(sorted(m for m in ("tensorflow", "keras") if m in sys.modules)))
+    """)
+    assert loaded == []
