@@ -31,11 +31,11 @@ from concurrent import futures
 
 import grpc
 
+from towerps.codec import parse_part, pull_stream, read_push
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DROPPED, DUPLICATE, Shard
-from towerps.codec import parse_part, pull_stream, read_push
 from towerps.wire import GRPC_OPTIONS, pull_wire_dtype
 
 _OUTCOMES = {
@@ -155,7 +155,8 @@ def create_server(shard: Shard, address: str = "127.0.0.1:0", max_workers: int =
 def _handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
     """The service's methods; Push requests and Pull replies go through the
     codec (a Pull reply is already bytes: no serializer)."""
-    return grpc.method_handlers_generic_handler("towerps.v1.ParameterServer", {
+    service = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+    return grpc.method_handlers_generic_handler(service, {
         "Push": grpc.stream_unary_rpc_method_handler(
             servicer.Push, request_deserializer=parse_part,
             response_serializer=pb.PushReply.SerializeToString),

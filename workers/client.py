@@ -42,7 +42,7 @@ from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OUTCOMES = {v: k.lower() for k, v in pb.PushReply.Outcome.items()}
-_SERVICE = "/towerps.v1.ParameterServer/"
+_SERVICE = f"/{pb.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/"
 
 
 class PSClient:
