@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import _common as common
 from benchmarks.convergence import interpolate
-from benchmarks.scaling import model_shapes, predict
+from benchmarks.scaling import format_rate, model_shapes, net_cpu_per_byte, predict
 from towerps.cluster import cli
 
 pytestmark = pytest.mark.unit
@@ -89,6 +89,15 @@ def test_scaling_model_has_the_asked_size_and_the_cost_model_adds_up():
     assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 1.6 + 0.16)
     # A worker alone: its bytes and its 4 calls (the shards are idle by comparison).
     assert predict(cal, 1, 4, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 0.2 + 0.024)
+
+
+def test_per_byte_calibration_survives_cpu_readings_below_the_proc_resolution():
+    # The model's CPU net of the calls' is per byte moved, 2 x nbytes a step...
+    assert net_cpu_per_byte(0.05, 0.01, 10**6) == pytest.approx(0.04 / (2 * 10**6))
+    # ...and when 10 ms ticks hide the difference, the gross figure stands in.
+    assert net_cpu_per_byte(0.01, 0.01, 10**6) == pytest.approx(0.01 / (2 * 10**6))
+    assert format_rate(0.0) == "unresolved MB/s"
+    assert format_rate(1e-9) == "1,000 MB/s"
 
 
 def test_reset_peak_rss_brings_the_high_water_mark_down_to_now():
