@@ -8,8 +8,9 @@
 it; the client cuts gradients into slices and joins pulled slices back into
 whole variables, so callers only ever see whole variables.
 
-Every call fans out to all shards at once (one thread per shard), so one
-slow shard does not serialise the others. Transient failures are retried
+Every call fans out to all shards at once (one thread per shard; a lone
+shard is called on the caller's thread), so one slow shard does not
+serialise the others. Transient failures are retried
 with exponential backoff up to `max_attempts`: UNAVAILABLE (a shard
 restarting or not yet listening) for every call, DEADLINE_EXCEEDED for
 pushes. A repeated push is safe: it names (worker_rank, step) and carries
