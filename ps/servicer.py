@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from concurrent import futures
+from dataclasses import asdict, fields
 
 import grpc
 
@@ -108,28 +109,15 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Status(self, request, context):
         version, stats = self._shard.stats(request.since_version)
+        # ShardStats and StepRecord name their fields as StatusReply and pb.StepRecord do.
+        counters = {f.name: getattr(stats, f.name) for f in fields(stats) if f.name != "steps"}
         return pb.StatusReply(
             shard_index=self._shard.index,
             version=version,
             num_parameters=self._shard.num_parameters,
             parameter_bytes=self._shard.parameter_bytes,
-            pushes_applied=stats.pushes_applied,
-            pushes_duplicate=stats.pushes_duplicate,
-            pushes_rejected=stats.pushes_rejected,
-            pushes_dropped=stats.pushes_dropped,
-            pushes_after_end=stats.pushes_after_end,
-            gate_waits=stats.gate_waits,
-            staleness_histogram=stats.staleness_histogram,
-            steps=[
-                pb.StepRecord(
-                    version=s.version,
-                    loss=s.loss,
-                    num_examples=s.num_examples,
-                    applied_at_s=s.applied_at_s,
-                    staleness=s.staleness,
-                )
-                for s in stats.steps
-            ],
+            steps=[pb.StepRecord(**asdict(record)) for record in stats.steps],
+            **counters,
         )
 
 

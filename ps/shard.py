@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -307,13 +307,9 @@ class Shard:
         """(version, counters with the step records after `since_version`)."""
         with self._lock:
             s = self._stats
-            return self._version, ShardStats(
-                pushes_applied=s.pushes_applied,
-                pushes_duplicate=s.pushes_duplicate,
-                pushes_rejected=s.pushes_rejected,
-                pushes_dropped=s.pushes_dropped,
-                pushes_after_end=s.pushes_after_end,
-                gate_waits=s.gate_waits,
+            # A copy: the counters are ints, the two lists are copied.
+            return self._version, replace(
+                s,
                 staleness_histogram=list(s.staleness_histogram),
                 steps=[r for r in s.steps if r.version > since_version],
             )
