@@ -73,11 +73,12 @@ def main(argv=None) -> dict:
                                  run_dir=os.path.join(tmp, f"w{n}"))
             t0 = budget.elapsed_s()
             summary = train(config, progress=False)
-            runs[n] = {"run_s": budget.elapsed_s() - t0, "examples_per_s": summary["examples_per_s"],
-                       "final_version": summary["steps"], "test_accuracy": summary["test_accuracy"],
-                       "test_loss": summary["test_loss"],
-                       "curve": [{k: e[k] for k in ("version", "examples", "test_accuracy", "test_loss")}
-                                 for e in summary["evals"]]}
+            runs[n] = {"run_s": budget.elapsed_s() - t0, "examples_per_s": summary.examples_per_s,
+                       "final_version": summary.steps, "test_accuracy": summary.test_accuracy,
+                       "test_loss": summary.test_loss,
+                       "curve": [{"version": e.version, "examples": e.examples,
+                                  "test_accuracy": e.test_accuracy, "test_loss": e.test_loss}
+                                 for e in summary.evals]}
 
     base = runs[workers[0]]
     settled = args.steps * args.batch_size / 10  # past the steep first tenth of the run

@@ -86,8 +86,8 @@ def keras_rate(args, dataset, model) -> float:
     return args.steps * batch / (time.perf_counter() - t0)
 
 
-def towerps_rate(args, dataset_name: str, run_dir: str) -> tuple[float, dict]:
-    """Examples/s of a towerps run (1 worker, 1 shard) after the warm-up, and its summary."""
+def towerps_rate(args, dataset_name: str, run_dir: str):
+    """Examples/s of a towerps run (1 worker, 1 shard) after the warm-up, and its RunSummary."""
     from towerps.cluster import TrainConfig, train
 
     config = TrainConfig(
@@ -135,9 +135,9 @@ def main(argv=None) -> dict:
                 "keras_examples_per_s": keras_ex_s,
                 "towerps_examples_per_s": towerps_ex_s,
                 "ratio": towerps_ex_s / keras_ex_s if towerps_ex_s else None,
-                "towerps_startup_s": summary["startup_s"],
-                "towerps_worker_time_s": summary["worker_time_s"],
-                "towerps_wire_bytes_per_step": summary.get("wire_bytes_per_step"),
+                "towerps_startup_s": summary.startup_s,
+                "towerps_worker_time_s": summary["worker_time_s"],  # as in summary.json
+                "towerps_wire_bytes_per_step": summary.wire_bytes_per_step,
             })
 
     keras_med = common.median(r["keras_examples_per_s"] for r in rounds)

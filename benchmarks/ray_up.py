@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import REPO_ROOT, Budget, parse_args, write_result  # noqa: E402
 from tests.cluster.machines import Machines  # noqa: E402
+from towerps.cluster.summary import RunSummary  # noqa: E402
 
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"
 
@@ -50,7 +51,7 @@ def round_trip(steps: int) -> dict:
                          "--dataset", "synthetic", "--steps", str(steps), "--batch-size", "64",
                          "--log-every", "1", "--run-dir", str(run_dir), cwd=REPO_ROOT))
             job_done_s = time.time() - t0
-            summary = json.loads((run_dir / "summary.json").read_text())
+            summary = RunSummary.load(str(run_dir))
             first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
             _check(m.ray("down", "-y", str(config), cwd=REPO_ROOT))
             subprocess.run(["ssh", "-i", str(m.key), "-o", "StrictHostKeyChecking=no",
@@ -59,12 +60,12 @@ def round_trip(steps: int) -> dict:
             return {
                 "ray_up_s": up_s,
                 "job_submitted_s": m.started_at["job"] - t0,
-                "train_started_s": summary["train_started_at_s"] - t0,
-                "first_step_s": summary["train_started_at_s"] + first["wall_s"] - t0,
+                "train_started_s": summary.train_started_at_s - t0,
+                "first_step_s": summary.train_started_at_s + first["wall_s"] - t0,
                 "job_done_s": job_done_s,
-                "driver_startup_s": summary["startup_s"],
-                "examples_per_s": summary["examples_per_s"],
-                "nodes": sorted({p["node_ip"] for p in summary["placement"]}),
+                "driver_startup_s": summary.startup_s,
+                "examples_per_s": summary.examples_per_s,
+                "nodes": sorted({p["node_ip"] for p in summary.placement}),
             }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

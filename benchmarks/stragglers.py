@@ -65,8 +65,8 @@ def main(argv=None) -> dict:
             summary = train(config, progress=False)
             runs[name] = {
                 "median_step_s": median_step_s(config.run_dir, args.batch_size),
-                "examples_per_s": summary["examples_per_s"],
-                "pushes_dropped_per_shard": summary["pushes_dropped"],
+                "examples_per_s": summary.examples_per_s,
+                "pushes_dropped_per_shard": summary.pushes_dropped,
             }
 
     base = runs["no_straggler"]["median_step_s"]

@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"towerps: error: {err}", file=sys.stderr)
         return 2
     print(
-        f"test accuracy {summary['test_accuracy']:.4f} (loss {summary['test_loss']:.4f}) after "
-        f"{summary['steps']} steps, {summary['examples_per_s']:,.0f} examples/s; "
-        f"results in {summary['run_dir']}"
+        f"test accuracy {summary.test_accuracy:.4f} (loss {summary.test_loss:.4f}) after "
+        f"{summary.steps} steps, {summary.examples_per_s:,.0f} examples/s; "
+        f"results in {summary.run_dir}"
     )
     return 0
 

@@ -66,7 +66,8 @@ def compare(
     """Train `base` in every mode, in order; write the report into base.run_dir.
 
     Blocks until every run is done (each as long as `train`). Returns
-    write_report's answer plus "run_dir" and "summaries". A run that fails
+    write_report's answer plus "run_dir" and "summaries" (each run's
+    RunSummary, in order). A run that fails
     raises its TowerpsError; the runs before it keep their folders.
     """
     if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:

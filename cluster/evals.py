@@ -6,6 +6,7 @@
             snapshots.add(version, wall_s, client.pull(min_version=0, ...)[1])
     ...after training:
         curve = evaluate(snapshots.items, tower, model, x_test, y_test, examples_at)
+        # a list of cluster/summary.py Evaluations, in order
 
 Training only copies the parameters (one pull); the test set is evaluated
 after the workers are done, so the wall times of the curve are those of
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from towerps.cluster.summary import Evaluation
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def evaluate(
     x_test: np.ndarray,
     y_test: np.ndarray,
     examples_at: Callable[[int], int],
-) -> list[dict]:
+) -> list[Evaluation]:
     """Test loss and accuracy of every snapshot, in order; sets `tower`'s weights.
 
     `examples_at(version)` is the number of training examples behind a version.
@@ -64,11 +67,11 @@ def evaluate(
     for snap in snapshots:
         tower.set_weights(snap.params)
         loss, accuracy = model.evaluate(x_test, y_test, batch_size=1024, verbose=0)
-        curve.append({
-            "version": snap.version,
-            "examples": examples_at(snap.version),
-            "wall_s": snap.wall_s,
-            "test_loss": float(loss),
-            "test_accuracy": float(accuracy),
-        })
+        curve.append(Evaluation(
+            version=snap.version,
+            examples=examples_at(snap.version),
+            wall_s=snap.wall_s,
+            test_loss=float(loss),
+            test_accuracy=float(accuracy),
+        ))
     return curve

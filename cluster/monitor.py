@@ -147,32 +147,3 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
     result.snapshots = snapshots.items if snapshots is not None else []
     return result
 
-
-def mode_summary(config, result: WatchResult, counters: list) -> dict:
-    """The summary.json fields of the mode: staleness, dropped pushes, the budget.
-
-    `counters` are every shard's final StatusReply; staleness is shard 0's
-    (each shard measures its own; they differ only by pushes in flight).
-    """
-    histogram = [int(c) for c in counters[0].staleness_histogram]
-    applied = sum(histogram)
-    mode = config.mode_policy
-    return {
-        "mode_label": mode.label,
-        "staleness_bound": config.staleness,
-        "staleness_lr": config.staleness_lr,
-        "backup_workers": config.backup_workers,
-        "budget_s": config.budget_s,
-        "ended_early": result.ended_early,
-        "updates_per_step": mode.updates_per_step(config.num_workers),
-        "examples": result.examples[-1] if result.examples else 0,
-        "staleness": {
-            "mean": sum(s * n for s, n in enumerate(histogram)) / applied if applied else 0.0,
-            "max": max((s for s, n in enumerate(histogram) if n), default=0),
-            "histogram": histogram,  # [s]: pushes applied with staleness s
-        },
-        # Per shard: with several shards a late gradient is counted by each that dropped it.
-        "pushes_dropped": [c.pushes_dropped for c in counters],
-        "pushes_after_end": [c.pushes_after_end for c in counters],
-        "gate_waits": [c.gate_waits for c in counters],
-    }

@@ -10,8 +10,9 @@ writes into the directory:
     accuracy_vs_examples.png   test accuracy against training examples applied
     staleness_histogram.png    share of applied gradients by staleness, per mode
 
-A summary is what `towerps.cluster.train` returns (summary.json), run with
-eval_points > 0 so that its "evals" hold an accuracy curve. The target
+A summary is the RunSummary `towerps.cluster.train` returns (or
+`RunSummary.load` reads back from summary.json), run with eval_points > 0 so
+that its `evals` hold an accuracy curve. The target
 accuracy, when not given, is 95% of the best final accuracy, rounded down to
 a hundredth, so that it means "nearly as good as the best mode here".
 """
@@ -25,38 +26,41 @@ import os
 # The object API, not pyplot: no global figure state and no display backend.
 from matplotlib.figure import Figure
 
+from towerps.cluster.summary import Evaluation, RunSummary
+
 PLOTS = ("accuracy_vs_time.png", "accuracy_vs_examples.png", "staleness_histogram.png")
 
 
-def default_target(summaries: list[dict]) -> float:
-    best = max(s["test_accuracy"] for s in summaries)
+def default_target(summaries: list[RunSummary]) -> float:
+    best = max(s.test_accuracy for s in summaries)
     return math.floor(0.95 * best * 100) / 100
 
 
-def first_reaching(evals: list[dict], target: float) -> dict | None:
+def first_reaching(evals: list[Evaluation], target: float) -> Evaluation | None:
     """The first evaluation at or above `target`, or None."""
-    return next((e for e in evals if e["test_accuracy"] >= target), None)
+    return next((e for e in evals if e.test_accuracy >= target), None)
 
 
-def table_row(summary: dict, target: float) -> dict:
-    reached = first_reaching(summary["evals"], target)
+def table_row(summary: RunSummary, target: float) -> dict:
+    reached = first_reaching(summary.evals, target)
     return {
-        "mode": summary["mode_label"],
-        "steps": summary["steps"],
-        "examples": summary["examples"],
-        "examples_per_s": summary["examples_per_s"],
-        "wall_s": summary["wall_s"],
-        "time_to_target_s": reached["wall_s"] if reached else None,
-        "examples_to_target": reached["examples"] if reached else None,
-        "test_accuracy": summary["test_accuracy"],
-        "staleness_mean": summary["staleness"]["mean"],
-        "staleness_max": summary["staleness"]["max"],
-        "pushes_dropped": summary["pushes_dropped"],
-        "gate_waits": summary["gate_waits"],
+        "mode": summary.mode_label,
+        "steps": summary.steps,
+        "examples": summary.examples,
+        "examples_per_s": summary.examples_per_s,
+        "wall_s": summary.wall_s,
+        "time_to_target_s": reached.wall_s if reached else None,
+        "examples_to_target": reached.examples if reached else None,
+        "test_accuracy": summary.test_accuracy,
+        "staleness_mean": summary.staleness.mean,
+        "staleness_max": summary.staleness.max,
+        "pushes_dropped": summary.pushes_dropped,
+        "gate_waits": summary.gate_waits,
     }
 
 
-def write_report(run_dir: str, summaries: list[dict], target_accuracy: float | None = None) -> dict:
+def write_report(run_dir: str, summaries: list[RunSummary],
+                 target_accuracy: float | None = None) -> dict:
     """Write report.md, compare.json and the PNGs; returns {"report", "plots", "rows", "target_accuracy"}."""
     if not summaries:
         raise ValueError("a report needs at least one run summary")
@@ -77,25 +81,25 @@ def write_report(run_dir: str, summaries: list[dict], target_accuracy: float | N
     return {"report": path, "plots": plots, "rows": rows, "target_accuracy": target}
 
 
-def _setting(s: dict) -> str:
-    config = s["config"]
+def _setting(s: RunSummary) -> str:
+    config = s.config
     slow = config.get("slow_worker")
     parts = [
-        f"{s['dataset']}, model {s['model']}, {s['optimizer']} lr {s['lr']:g}",
-        f"global batch {s['global_batch_size']}, {s['num_workers']} workers, {s['num_ps']} PS shards",
-        f"seed {s['seed']}",
+        f"{s.dataset}, model {s.model}, {s.optimizer} lr {s.lr:g}",
+        f"global batch {s.global_batch_size}, {s.num_workers} workers, {s.num_ps} PS shards",
+        f"seed {s.seed}",
     ]
-    if config.get("budget_s"):
-        parts.append(f"time budget {config['budget_s']:g} s (or {config['steps']} steps)")
+    if s.budget_s:
+        parts.append(f"time budget {s.budget_s:g} s (or {config['steps']} steps)")
     else:
-        parts.append(f"{config['steps']} steps ({config['steps'] * s['global_batch_size']:,} examples)")
+        parts.append(f"{config['steps']} steps ({config['steps'] * s.global_batch_size:,} examples)")
     if slow:
         rank, factor = slow.split(":")
         parts.append(f"worker {rank} computes {float(factor):g}x slower (--slow-worker {slow})")
     return "; ".join(parts)
 
 
-def _markdown(summaries: list[dict], rows: list[dict], target: float) -> str:
+def _markdown(summaries: list[RunSummary], rows: list[dict], target: float) -> str:
     labels = ", ".join(r["mode"] for r in rows)
     lines = [
         f"# towerps compare: {labels}",
@@ -147,13 +151,13 @@ def _plot_accuracy(summaries, target, key, scale, xlabel, title, path) -> None:
     fig = Figure(figsize=(7, 4.5), dpi=110)
     ax = fig.subplots()
     for s in summaries:
-        xs = [e[key] * scale for e in s["evals"]]
-        ys = [e["test_accuracy"] for e in s["evals"]]
-        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5, label=s["mode_label"])
+        xs = [getattr(e, key) * scale for e in s.evals]
+        ys = [e.test_accuracy for e in s.evals]
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5, label=s.mode_label)
     ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.2f}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (fraction correct)")
-    ax.set_title(f"{title} ({summaries[0]['dataset']}, {summaries[0]['num_workers']} workers)")
+    ax.set_title(f"{title} ({summaries[0].dataset}, {summaries[0].num_workers} workers)")
     ax.set_ylim(0.0, 1.0)
     ax.set_xlim(left=0.0)
     ax.grid(True, alpha=0.3)
@@ -165,14 +169,14 @@ def _plot_accuracy(summaries, target, key, scale, xlabel, title, path) -> None:
 def _plot_staleness(summaries, path) -> None:
     fig = Figure(figsize=(7, 4.5), dpi=110)
     ax = fig.subplots()
-    longest = max(len(s["staleness"]["histogram"]) for s in summaries)
+    longest = max(len(s.staleness.histogram) for s in summaries)
     width = 0.8 / len(summaries)
     for i, s in enumerate(summaries):
-        counts = s["staleness"]["histogram"]
+        counts = s.staleness.histogram
         total = sum(counts) or 1
         xs = [x + (i - (len(summaries) - 1) / 2) * width for x in range(len(counts))]
         ax.bar(xs, [100.0 * c / total for c in counts], width=width,
-               label=f"{s['mode_label']} (mean {s['staleness']['mean']:.2f})")
+               label=f"{s.mode_label} (mean {s.staleness.mean:.2f})")
     ax.set_xlabel("staleness (shard versions between a gradient's pull and its update)")
     ax.set_ylabel("share of applied gradients (%)")
     ax.set_title("Staleness of applied gradients (shard 0)")

@@ -65,19 +65,19 @@ def test_async_metrics_carry_staleness_per_record(ray_cluster, tmp_path):
         assert m["staleness_max"] >= m["staleness_mean"] >= 0
         assert sum(m["staleness_histogram"]) == 10
         assert len(m["staleness_histogram"]) == m["staleness_max"] + 1
-    assert summary["staleness"]["max"] == max(m["staleness_max"] for m in metrics)
-    assert (summary["mode_label"], summary["steps"], summary["examples"]) == ("async+lr", 20, 320)
-    assert summary["pushes_dropped"] == [0, 0]
+    assert summary.staleness.max == max(m["staleness_max"] for m in metrics)
+    assert (summary.mode_label, summary.steps, summary.examples) == ("async+lr", 20, 320)
+    assert summary.pushes_dropped == [0, 0]
 
 
 def test_a_time_budget_ends_a_sync_run_early_on_every_shard(ray_cluster, tmp_path):
     config = TrainConfig(dataset="synthetic", num_workers=2, num_ps=2, batch_size=32,
                          steps=10**6, budget_s=1.0, lr=0.005, run_dir=str(tmp_path))
     summary = train(config, progress=False)
-    assert summary["ended_early"] is True
-    assert 0 < summary["steps"] < 10**6
-    assert summary["examples"] == summary["steps"] * 32
-    assert np.isfinite(summary["test_loss"])
+    assert summary.ended_early is True
+    assert 0 < summary.steps < 10**6
+    assert summary.examples == summary.steps * 32
+    assert np.isfinite(summary.test_loss)
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # Shards end within one version of each other (docs/modes.md: the end of a run).
-    assert summary["steps"] <= metrics[-1]["step"] <= summary["steps"] + 1
+    assert summary.steps <= metrics[-1]["step"] <= summary.steps + 1

@@ -62,8 +62,8 @@ def test_one_worker_with_two_towers_matches_one_tower_and_pushes_once(gpu_cluste
 
     assert_weights_match(tmp_path, one_process_weights(steps))
     # Node-local aggregation: each shard saw one push per step, not one per tower.
-    assert summary["pushes_applied"] == [steps, steps]
-    assert summary["towers"] == [{"rank": 0, "towers": [
+    assert summary.pushes_applied == [steps, steps]
+    assert summary.towers == [{"rank": 0, "towers": [
         {"device": "/CPU:0", "share": 0.5, "rows": 32},
         {"device": "/CPU:1", "share": 0.5, "rows": 32},
     ]}]
@@ -82,8 +82,8 @@ def test_measured_balance_shifts_rows_from_a_slow_tower_and_keeps_parity(gpu_clu
     summary = train(config, progress=False)
 
     assert_weights_match(tmp_path, one_process_weights(steps))
-    assert summary["pushes_applied"] == [2 * steps, 2 * steps]
-    for worker in summary["towers"]:
+    assert summary.pushes_applied == [2 * steps, 2 * steps]
+    for worker in summary.towers:
         fast, slow = worker["towers"]
         assert slow["share"] < 0.5 < fast["share"]
         assert slow["rows"] < fast["rows"] and slow["rows"] + fast["rows"] == 32

@@ -6,7 +6,9 @@ import keras
 import numpy as np
 import pytest
 
+from tests.unit.test_summary import SUMMARY_KEYS
 from towerps.cluster import TrainConfig, train
+from towerps.cluster.summary import RunSummary
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
 
@@ -26,13 +28,12 @@ def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path
     summary = train(config, progress=False)
 
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk == summary
-    for key in ("mode", "dataset", "model", "steps", "global_batch_size", "num_workers",
-                "num_ps", "wall_s", "examples_per_s", "test_accuracy", "test_loss"):
-        assert key in summary
-    assert (summary["steps"], summary["global_batch_size"]) == (40, 64)
-    assert summary["examples_per_s"] > 0
-    roles = sorted((p["role"], p["index"]) for p in summary["placement"])
+    assert on_disk == summary.to_dict()
+    assert list(on_disk) == SUMMARY_KEYS  # the public contract, from a real run
+    assert RunSummary.load(str(tmp_path)) == summary
+    assert (summary.steps, summary.global_batch_size) == (40, 64)
+    assert summary.examples_per_s > 0
+    roles = sorted((p["role"], p["index"]) for p in summary.placement)
     assert roles == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
 
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -44,8 +45,8 @@ def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path
     model = keras.models.load_model(tmp_path / "model.keras")
     x_test, y_test = load_dataset("synthetic", seed=0).test_arrays()
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    assert accuracy == pytest.approx(summary["test_accuracy"], abs=1e-6)
-    assert summary["test_accuracy"] > 0.2  # chance is 0.1 on 10 learnable classes
+    assert accuracy == pytest.approx(summary.test_accuracy, abs=1e-6)
+    assert summary.test_accuracy > 0.2  # chance is 0.1 on 10 learnable classes
 
 
 def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path):
@@ -81,10 +82,10 @@ def test_cifar10_cnn_gradients_over_4_mib_train_through_one_shard(ray_cluster, t
         steps=3, optimizer="sgd", lr=0.01, run_dir=str(tmp_path),
     )
     summary = train(config, progress=False)
-    assert summary["num_parameters"] == 1_068_298
-    assert summary["shard_bytes"] == [4_273_192]
-    assert summary["steps"] == 3
-    assert np.isfinite(summary["test_loss"])
+    assert summary.num_parameters == 1_068_298
+    assert summary.shard_bytes == [4_273_192]
+    assert summary.steps == 3
+    assert np.isfinite(summary.test_loss)
 
 
 @pytest.mark.slow
@@ -94,11 +95,11 @@ def test_bfloat16_on_the_wire_still_converges_on_fashion_mnist(ray_cluster, tmp_
         wire_dtype="bfloat16", log_every=100, run_dir=str(tmp_path),
     )
     summary = train(config, progress=False)
-    assert summary["test_accuracy"] >= 0.82
+    assert summary.test_accuracy >= 0.82
     # Half of float32's bytes: 2 workers x (pull + push) x 235,146 parameters x 2 bytes.
-    assert summary["wire_bytes_per_step"] == 2 * 2 * 235_146 * 2
+    assert summary.wire_bytes_per_step == 2 * 2 * 235_146 * 2
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert {m["wire_bytes_per_step"] for m in metrics} == {summary["wire_bytes_per_step"]}
+    assert {m["wire_bytes_per_step"] for m in metrics} == {summary.wire_bytes_per_step}
 
 
 def test_a_slow_worker_slows_nobody_s_result(ray_cluster, tmp_path):
@@ -111,4 +112,4 @@ def test_a_slow_worker_slows_nobody_s_result(ray_cluster, tmp_path):
     a, b = weights_of(tmp_path / "a"), weights_of(tmp_path / "b")
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
-    assert summary["config"]["slow_worker"] == "1:3"
+    assert summary.config["slow_worker"] == "1:3"

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.summaries import make_summary
 from towerps.cluster.report import PLOTS, default_target, write_report
+from towerps.cluster.summary import Evaluation, Staleness
 
 pytestmark = pytest.mark.unit
 
@@ -14,24 +16,16 @@ pytestmark = pytest.mark.unit
 def summary(label, accuracies, wall_s, staleness_histogram, dropped=(0, 0), slow=None):
     steps = 40 if label == "sync" else 80
     evals = [
-        {"version": i * steps // (len(accuracies) - 1), "examples": i * 1280,
-         "wall_s": i * wall_s / (len(accuracies) - 1), "test_accuracy": a, "test_loss": 1 - a}
+        Evaluation(version=i * steps // (len(accuracies) - 1), examples=i * 1280,
+                   wall_s=i * wall_s / (len(accuracies) - 1), test_loss=1 - a, test_accuracy=a)
         for i, a in enumerate(accuracies)
     ]
-    counts = sum(staleness_histogram) or 1
-    return {
-        "mode_label": label, "dataset": "synthetic", "model": "mlp", "optimizer": "adam",
-        "lr": 0.001, "seed": 0, "global_batch_size": 64, "num_workers": 2, "num_ps": 2,
-        "steps": steps, "examples": evals[-1]["examples"], "wall_s": wall_s,
-        "examples_per_s": evals[-1]["examples"] / wall_s, "test_accuracy": accuracies[-1],
-        "evals": evals,
-        "staleness": {
-            "mean": sum(s * n for s, n in enumerate(staleness_histogram)) / counts,
-            "max": len(staleness_histogram) - 1, "histogram": staleness_histogram,
-        },
-        "pushes_dropped": list(dropped), "gate_waits": [0, 0],
-        "config": {"steps": 40, "budget_s": None, "slow_worker": slow},
-    }
+    return make_summary(
+        mode_label=label, steps=steps, examples=evals[-1].examples, wall_s=wall_s,
+        examples_per_s=evals[-1].examples / wall_s, test_accuracy=accuracies[-1], evals=evals,
+        staleness=Staleness.of(staleness_histogram), pushes_dropped=list(dropped),
+        config={"steps": 40, "budget_s": None, "slow_worker": slow},
+    )
 
 
 def test_report_has_one_row_per_mode_and_plots_that_decode(tmp_path):

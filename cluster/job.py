@@ -1,0 +1,171 @@
+"""The actors of one run: start them, run them to the end, stop them.
+
+    with Job.start(config, initial, run_dir) as job:  # shards serving, workers set up
+        trained = job.run(progress)                   # blocks until every worker is done
+    # every actor is stopped and the placement group released, whatever happened
+
+`Job.start` reserves one placement-group bundle per node (cluster/placement.py;
+a node that cannot hold its share fails here with what it lacks), starts one
+ShardActor per shard (each serves gRPC on its node's address) and one
+WorkerActor per worker, and sets the workers up. `Job.run` runs the workers
+while cluster/monitor.py watches the shards' update log, then pulls the
+final parameters. `Job.stop` ends every actor; it is idempotent and safe to
+call from any phase, so a caller that must end a run early (an interrupt,
+a failed supervisor) only has to reach it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from towerps.cluster.actors import ShardActor, WorkerActor, WorkerJob
+from towerps.cluster.config import TrainConfig
+from towerps.cluster.monitor import WatchResult, watch
+from towerps.cluster.placement import Reservation, reserve
+from towerps.errors import ClusterError, TowerpsError
+from towerps.ps.placement import PlacementPlan, plan_placement
+from towerps.workers import PSClient, WorkerSpec
+
+FINAL_PULL_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Trained:
+    """What the run phase hands on: the final parameters and how they came about."""
+
+    version: int  # the lowest shard version of `params`
+    params: dict[str, np.ndarray]  # whole variables, float32
+    watched: WatchResult  # the workers' reports, metrics records and snapshots
+    train_started_at_s: float  # time.time() when the workers were started
+    wall_s: float  # of training alone
+    towers: list[list[dict]]  # per worker rank: each tower's device, share and rows
+    counters: list  # every shard's final StatusReply, by shard index
+
+
+class Job:
+    """One run's shards and workers on the Ray cluster of the session."""
+
+    def __init__(self, config: TrainConfig, plan: PlacementPlan, run_dir: str,
+                 reservation: Reservation):
+        self.config = config
+        self.plan = plan
+        self.run_dir = run_dir
+        self.reservation = reservation
+        self.shards = [
+            ShardActor.options(**reservation.shard_options(k)).remote(k)
+            for k in range(config.num_ps)
+        ]
+        self.workers = [
+            WorkerActor.options(**reservation.worker_options(r)).remote(r)
+            for r in range(config.num_workers)
+        ]
+        self.addresses: tuple[str, ...] = ()
+        self.records: list[dict] = []  # where each shard and worker landed (summary "placement")
+
+    @classmethod
+    def start(cls, config: TrainConfig, initial: dict[str, np.ndarray], run_dir: str) -> Job:
+        """Place `initial` on the shards and set every worker up; blocks until ready.
+
+        Raises the first actor's TowerpsError (a missing data set on a node, a
+        GPU TensorFlow cannot see), after stopping everything it started.
+        """
+        plan = plan_placement({n: w.shape for n, w in initial.items()}, config.num_ps)
+        job = cls(config, plan, run_dir, reserve(config))
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+            job._start_shards(plan.split(initial))
+            job._setup_workers()
+        except BaseException:
+            job.stop()
+            raise
+        return job
+
+    def _start_shards(self, shard_slices: list[dict[str, np.ndarray]]) -> None:
+        c = self.config
+        records = get([
+            shard.start.remote(shard_slices[k], c.optimizer, c.learning_rate, c.num_workers,
+                               c.mode_policy, c.end_version)
+            for k, shard in enumerate(self.shards)
+        ])
+        self.addresses = tuple(r["address"] for r in records)
+        self.records += records
+
+    def _setup_workers(self) -> None:
+        c = self.config
+        job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
+                        self.addresses, self.plan, c.wire_dtype, devices=c.devices)
+        records = get([w.setup.remote(worker_spec(c, r), job) for r, w in enumerate(self.workers)])
+        self.records += records
+        self.reservation.record(self.records)  # logs where each landed
+
+    def run(self, progress: bool | None = None) -> Trained:
+        """Run every worker to the end, watching; then pull the final parameters.
+
+        Blocks until done. A failing worker raises its TowerpsError at once;
+        the caller's `stop` (the `with` block) ends the others.
+        """
+        with PSClient(list(self.addresses), self.plan, self.config.wire_dtype) as client:
+            t_train = time.time()
+            watched = watch(self.config, self.workers, self.shards, client, self.run_dir,
+                            t_train, progress, get)
+            wall_s = time.time() - t_train
+            towers = get([w.towers.remote() for w in self.workers])
+            # Every worker is done: nothing changes any more (a budget may
+            # have ended shards a version apart: take what they hold).
+            version, params = client.pull(min_version=0, timeout_s=FINAL_PULL_TIMEOUT_S)
+            counters = client.status(since_version=version)
+        return Trained(version, params, watched, t_train, wall_s, towers, counters)
+
+    def stop(self) -> None:
+        """Stop the shards (waking their waiting calls), kill every actor, free the
+        reservation. Idempotent."""
+        for actor in self.shards:
+            _stop_quietly(actor)
+        for actor in self.workers + self.shards:
+            ray.kill(actor)
+        self.shards, self.workers = [], []
+        self.reservation.release()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
+    return WorkerSpec(
+        rank=rank,
+        num_workers=config.num_workers,
+        global_batch_size=config.batch_size,
+        steps=config.steps,
+        seed=config.seed,
+        slow_factor=config.slow_factor(rank),
+        pull_timeout_s=config.pull_timeout_s,
+        mode=config.mode,
+        end_version=config.end_version,
+    )
+
+
+def get(refs: list) -> list:
+    """ray.get that re-raises a towerps error from an actor as itself."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, TowerpsError):
+            raise err.cause from None
+        raise
+    except ray.exceptions.RayActorError as err:
+        raise ClusterError(f"an actor of this job died: {err}") from None
+
+
+def _stop_quietly(actor) -> None:
+    try:
+        ray.get(actor.stop.remote(), timeout=10)
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        pass  # the actor is gone already; ray.kill follows

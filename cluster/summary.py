@@ -1,0 +1,171 @@
+"""The result of one run: `RunSummary`, the one definition of summary.json.
+
+    summary = train(config)                       # a RunSummary
+    summary.test_accuracy, summary.staleness.max  # typed fields
+    summary.write(run_dir)                        # run_dir/summary.json
+    RunSummary.load("runs/x/summary.json")        # and back
+
+summary.json's fields are a public contract: add fields freely, never
+rename or remove one without a deprecation path. `RunSummary`'s fields are
+summary.json's keys, in order; nested records are small dataclasses of
+their own (`Staleness`, `Evaluation`, `WorkerTime`), while the records the
+actors write (placement) and the job's configuration stay plain dicts.
+
+Code written against the dict that `train` used to return keeps working:
+a RunSummary is also a read-only Mapping whose values are summary.json's
+JSON values (`summary["staleness"]["max"]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """Of the gradients applied by shard 0: version at apply minus version computed on."""
+
+    mean: float
+    max: int
+    histogram: list[int]  # [s]: pushes applied with staleness s
+
+    @classmethod
+    def of(cls, histogram: list[int]) -> Staleness:
+        applied = sum(histogram)
+        return cls(
+            mean=sum(s * n for s, n in enumerate(histogram)) / applied if applied else 0.0,
+            max=max((s for s, n in enumerate(histogram) if n), default=0),
+            histogram=list(histogram),
+        )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The test set, evaluated on the parameters of one moment of the run."""
+
+    version: int  # the lowest shard version of the parameters
+    examples: int  # training examples applied up to that version
+    wall_s: float  # since training started
+    test_loss: float
+    test_accuracy: float
+
+
+@dataclass(frozen=True)
+class WorkerTime:
+    """Where one worker's time went, in seconds, over the steps it ran."""
+
+    rank: int
+    pull: float
+    compute: float
+    push: float
+    steps: int
+    pushes_dropped: int
+    versions_skipped: int
+
+
+@dataclass(frozen=True)
+class RunSummary(Mapping):
+    """One run's figures, as written to summary.json (field order = key order)."""
+
+    towerps_version: str
+    # -- the job
+    mode: str  # sync | async | ssp
+    dataset: str
+    model: str
+    optimizer: str
+    lr: float
+    seed: int
+    steps: int  # the last version every shard reached
+    global_batch_size: int
+    num_workers: int
+    num_ps: int
+    num_parameters: int
+    shard_bytes: list[int]  # per shard
+    wire_dtype: str
+    wire_bytes_per_step: float  # pulled and pushed, all workers, per global batch
+    # -- time and results
+    startup_s: float  # driver start to the first step (actors, data, placement)
+    wall_s: float  # of training alone
+    examples_per_s: float
+    final_train_loss: float | None  # of the last metrics.jsonl record
+    test_loss: float
+    test_accuracy: float
+    pushes_applied: list[int]  # per shard
+    pushes_duplicate: int  # summed over shards
+    pushes_rejected: int  # summed over shards
+    # -- the mode
+    mode_label: str  # sync, backup:1, async, ssp:2, ...+lr
+    staleness_bound: int | None
+    staleness_lr: bool
+    backup_workers: int
+    budget_s: float | None
+    ended_early: bool  # the time budget ended the run before --steps
+    updates_per_step: int
+    examples: int  # training examples applied (shard 0)
+    staleness: Staleness
+    # Per shard: with several shards a late gradient is counted by each that dropped it.
+    pushes_dropped: list[int]
+    pushes_after_end: list[int]
+    gate_waits: list[int]
+    # -- along the way
+    evals: list[Evaluation]  # eval_points snapshots, then the final parameters
+    placement: list[dict]  # per actor: role, index, node, pid, code, address/devices
+    placement_group: dict  # strategy and bundles
+    train_started_at_s: float  # seconds since the epoch; metrics' wall_s counts from here
+    towers: list[dict]  # per worker: {"rank", "towers": [{"device", "share", "rows"}]}
+    worker_time_s: list[WorkerTime]
+    run_dir: str
+    config: dict  # TrainConfig.to_dict()
+
+    # -- summary.json -----------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's content: JSON values only (fresh copies)."""
+        return dataclasses.asdict(self)
+
+    def write(self, run_dir: str | None = None) -> str:
+        """Write summary.json into `run_dir` (default: the run's); returns its path."""
+        path = os.path.join(self.run_dir if run_dir is None else run_dir, SUMMARY_FILE)
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
+        """From summary.json's content; keys this version does not know are ignored."""
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        values["staleness"] = Staleness(**values["staleness"])
+        values["evals"] = [Evaluation(**e) for e in values["evals"]]
+        values["worker_time_s"] = [WorkerTime(**w) for w in values["worker_time_s"]]
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str) -> RunSummary:
+        """Read a summary.json (or the one in the folder `path`)."""
+        if os.path.isdir(path):
+            path = os.path.join(path, SUMMARY_FILE)
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    # -- read-only Mapping over summary.json's values ----------------------
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _FIELD_NAMES:
+            raise KeyError(key)
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_FIELD_NAMES)
+
+    def __len__(self) -> int:
+        return len(_FIELD_NAMES)
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunSummary))

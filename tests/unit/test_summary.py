@@ -1,0 +1,62 @@
+"""summary.json is a public contract: its keys, their nesting, and the round trip."""
+
+import json
+
+import pytest
+
+from tests.summaries import make_summary
+from towerps.cluster.summary import Evaluation, RunSummary, Staleness
+
+pytestmark = pytest.mark.unit
+
+# Every key summary.json has had, in order. Adding one is fine (append it
+# here); renaming or removing one breaks every reader of old runs.
+SUMMARY_KEYS = [
+    "towerps_version", "mode", "dataset", "model", "optimizer", "lr", "seed", "steps",
+    "global_batch_size", "num_workers", "num_ps", "num_parameters", "shard_bytes", "wire_dtype",
+    "wire_bytes_per_step", "startup_s", "wall_s", "examples_per_s", "final_train_loss",
+    "test_loss", "test_accuracy", "pushes_applied", "pushes_duplicate", "pushes_rejected",
+    "mode_label", "staleness_bound", "staleness_lr", "backup_workers", "budget_s", "ended_early",
+    "updates_per_step", "examples", "staleness", "pushes_dropped", "pushes_after_end",
+    "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
+    "worker_time_s", "run_dir", "config",
+]
+
+
+def test_summary_json_keeps_every_key_in_order_and_nested_records_keep_theirs():
+    data = make_summary().to_dict()
+    assert list(data) == SUMMARY_KEYS
+    assert list(data["staleness"]) == ["mean", "max", "histogram"]
+    assert list(data["evals"][0]) == ["version", "examples", "wall_s", "test_loss", "test_accuracy"]
+    assert list(data["worker_time_s"][0]) == [
+        "rank", "pull", "compute", "push", "steps", "pushes_dropped", "versions_skipped"]
+
+
+def test_write_and_load_round_trip_through_plain_json(tmp_path):
+    summary = make_summary(run_dir=str(tmp_path))
+    path = summary.write()
+    on_disk = json.loads(open(path).read())
+    assert on_disk == summary.to_dict()
+    assert RunSummary.load(str(tmp_path)) == summary  # the folder or the file
+    assert RunSummary.load(path).evals[0] == Evaluation(40, 2560, 4.0, 0.4, 0.8)
+
+
+def test_a_newer_summary_with_extra_keys_still_loads():
+    data = {**make_summary().to_dict(), "added_later": 1}
+    assert RunSummary.from_dict(data) == make_summary()
+
+
+def test_mapping_access_answers_summary_json_values_as_the_old_dict_did():
+    summary = make_summary(staleness=Staleness.of([3, 0, 1]))
+    assert summary["test_accuracy"] == summary.test_accuracy == 0.8
+    assert summary["staleness"] == {"mean": 0.5, "max": 2, "histogram": [3, 0, 1]}
+    assert summary["evals"][0]["test_accuracy"] == 0.8
+    assert summary.get("no_such_key") is None and "steps" in summary
+    assert dict(summary) == summary.to_dict()
+    with pytest.raises(KeyError):
+        summary["no_such_key"]
+
+
+def test_staleness_of_an_empty_histogram_is_zero():
+    assert Staleness.of([]) == Staleness(mean=0.0, max=0, histogram=[])
+    assert Staleness.of([0, 2, 2]).mean == 1.5
