@@ -54,16 +54,23 @@ class ShardActor:
         self._shard = None
         self._server = None
 
-    def start(self, variables: dict, optimizer: str, lr: float, num_workers: int,
-              mode=None, end_version: int | None = None) -> dict:
+    def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
+              mode=None, end_version: int | None = None, state: dict | None = None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
-        `mode` is a towerps.ps.Mode (None: sync); `end_version` the run's last version.
+        `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
+        (a Keras optimizer makes this process import TensorFlow). `mode` is a
+        towerps.ps.Mode (None: sync); `end_version` the run's last version;
+        `state` the float non-trainable variables this shard keeps.
         """
         from towerps.ps import Shard, create_server, make_optimizer
 
+        if isinstance(optimizer, str):
+            optimizer = make_optimizer(optimizer, lr)
+        else:
+            optimizer = optimizer.build()
         self._shard = Shard(
-            self._index, variables, make_optimizer(optimizer, lr), num_workers, mode, end_version
+            self._index, variables, optimizer, num_workers, mode, end_version, state=state
         )
         host = ray.util.get_node_ip_address()
         # Each worker may hold a Push and a waiting Pull at once.

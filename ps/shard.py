@@ -18,6 +18,14 @@ answers with the final version at once (so a version below the pull's
 `min_version` tells a worker the run is over) and every gate is open, so no
 worker ever waits on one that has stopped.
 
+Non-trainable state: besides gradients of its `variables`, a push carries
+the worker's new values of the shard's `state` (float non-trainable
+variables such as BatchNormalization's moving statistics). In sync mode
+they are averaged by examples with the gradients, in the same buffer, and
+the mean replaces the state when the step is applied: as synchronous
+replicas combine them. In async/ssp each applied push's values replace the
+state (the last writer wins); a push that is dropped changes nothing.
+
 Exactly once: a push names (worker_rank, step), and a worker's steps only
 grow; a repeat is answered DUPLICATE (still in the buffer) or
 ALREADY_APPLIED and changes nothing, so the client may retry a lost answer.
@@ -82,8 +90,10 @@ class ShardStats:
 class Shard:
     """Holds a subset of the model's variables and applies updates by `mode`.
 
-    `variables` are copied into float32 arrays the shard owns. `num_workers`
-    ranks 0..num_workers-1 may push. `end_version` None: no end.
+    `variables` (trained by `optimizer`) and `state` (replaced by the pushed
+    values) are copied into float32 arrays the shard owns; their names must
+    differ. `num_workers` ranks 0..num_workers-1 may push. `end_version`
+    None: no end.
     """
 
     def __init__(
@@ -94,6 +104,7 @@ class Shard:
         num_workers: int,
         mode: Mode | None = None,
         end_version: int | None = None,
+        state: Mapping[str, np.ndarray] | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -102,14 +113,21 @@ class Shard:
         self.mode = mode or Mode()
         self._quorum = self.mode.quorum(num_workers)
         self._params = {n: np.array(v, dtype=np.float32) for n, v in variables.items()}
-        self.specs: dict[str, TensorSpec] = {n: spec_of(v) for n, v in self._params.items()}
+        self._state = {n: np.array(v, dtype=np.float32) for n, v in (state or {}).items()}
+        both = set(self._params) & set(self._state)
+        if both:
+            raise ValueError(f"names {sorted(both)} are both variables and state")
+        self.specs: dict[str, TensorSpec] = {
+            n: spec_of(v) for n, v in {**self._params, **self._state}.items()
+        }
         self._optimizer = optimizer
         self._lock = threading.Condition()
         self._version = 0
         self._end = _NO_END if end_version is None else end_version
         self._closed = False
         self._stats = ShardStats()
-        self._buffer = StepBuffer(self._params)  # sync: the step being gathered
+        # sync: the step being gathered (gradients and state values alike)
+        self._buffer = StepBuffer({**self._params, **self._state})
         self._last_step = [-1] * num_workers  # per worker: the latest step it pushed
         self._clocks = [0] * num_workers  # per worker: gradients pushed before the end
         # Read-only copy of the parameters at `self._version`, made by the
@@ -186,9 +204,17 @@ class Shard:
         buffer.clear()
         return PushResult(APPLIED, self._version)
 
-    def _apply(self, grads, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
-        """One optimizer update; version + 1; wake pulls and gates. Caller holds the lock."""
-        self._optimizer.apply(self._params, grads, lr_scale=lr_scale)
+    def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
+        """One optimizer update and the new state; version + 1; wake pulls and gates.
+
+        `pushed` holds a gradient per variable and a value per state entry.
+        Caller holds the lock.
+        """
+        self._optimizer.apply(
+            self._params, {n: pushed[n] for n in self._params}, lr_scale=lr_scale
+        )
+        for name, value in self._state.items():
+            value[...] = pushed[name]
         self._version += 1
         self._snapshot = None
         histogram = self._stats.staleness_histogram
@@ -215,7 +241,7 @@ class Shard:
             missing = sorted(set(self.specs) - set(grads))
             unknown = sorted(set(grads) - set(self.specs))
             raise BadTensor(
-                f"shard {self.index}: gradients must cover exactly its variables; "
+                f"shard {self.index}: a push must cover exactly its variables and state; "
                 f"missing {missing}, not held here {unknown}"
             )
         for name, grad in grads.items():
@@ -290,7 +316,9 @@ class Shard:
                     f"{timeout_s:g} s (the shard is at version {self._version}{waiting})"
                 )
             if self._snapshot is None:
-                self._snapshot = {n: _frozen_copy(v) for n, v in self._params.items()}
+                self._snapshot = {
+                    n: _frozen_copy(v) for n, v in {**self._params, **self._state}.items()
+                }
             return self._version, self._snapshot
 
     def end_at(self, version: int) -> int:

@@ -1,12 +1,21 @@
 """A tower: one model replica on one device that computes gradients.
 
     tower = Tower(model, device="/CPU:0")
-    tower.set_weights(params)                 # {variable path: array}
-    grads, loss = tower.compute_gradients(x, y)
+    tower.set_weights(params)                 # {variable key: array}
+    updates, loss = tower.compute_gradients(x, y)
 
-The gradient is that of the mean loss over the examples given, so a worker
-that splits its batch over towers weights each tower's gradient by its
-number of examples when averaging.
+Variables are keyed by the model's structure (workers/variables.py). The
+loss is the model's own: what `model.compile(loss=...)` set, summed over
+outputs, plus the model's regularisation losses (`model.losses`), exactly as
+`model.fit` computes it; `loss=` gives one explicitly for a model compiled
+without one. `x` and `y` may be arrays or nests of them (several inputs or
+outputs), as `model.fit` takes them.
+
+`updates` holds, per travelling variable, what the shard needs: the
+gradient of the mean loss over the examples given for a trainable variable,
+and the variable's new value after this forward pass for float state
+(BatchNormalization's moving statistics, updated by `training=True`). Both
+combine across towers and workers as an example-weighted mean.
 """
 
 from __future__ import annotations
@@ -17,57 +26,94 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from towerps.errors import BadTensor
+from towerps.errors import BadTensor, ConfigError
+from towerps.workers.variables import ModelVariables
 
 
 class Tower:
-    def __init__(self, model: keras.Model, device: str = "/CPU:0"):
+    def __init__(self, model: keras.Model, device: str = "/CPU:0", loss=None):
         self.model = model
         self.device = device
-        self._variables = {v.path: v for v in model.trainable_variables}
-        if len(self._variables) != len(model.trainable_variables):
-            raise ValueError("the model's trainable variables must have unique paths")
-        self._loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        x_shape = (None, *model.input_shape[1:])
-        # One trace for any batch size: the signature leaves the batch open.
-        self._grad_fn = tf.function(
-            self._gradients,
-            input_signature=[
-                tf.TensorSpec(x_shape, tf.float32),
-                tf.TensorSpec((None,), tf.int32),
-            ],
-        )
+        self.variables = ModelVariables(model)
+        self._trainable = self.variables.trainable
+        self._state = self.variables.state
+        self._travelling = self.variables.all
+        self._loss = _resolve_loss(model, loss)
+        self._grad_fn = None  # traced at the first batch, for any batch size
 
     @property
     def variable_names(self) -> list[str]:
-        return list(self._variables)
+        """Keys of every variable that travels: trainable, then state."""
+        return list(self._travelling)
+
+    @property
+    def trainable_names(self) -> list[str]:
+        return list(self._trainable)
+
+    @property
+    def state_names(self) -> list[str]:
+        return list(self._state)
 
     def variable_bytes(self) -> dict[str, int]:
-        return {n: int(np.prod(v.shape)) * 4 for n, v in self._variables.items()}
+        return {n: int(np.prod(v.shape)) * 4 for n, v in self._travelling.items()}
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {n: np.asarray(v.numpy(), dtype=np.float32) for n, v in self._variables.items()}
+        return {n: np.asarray(v.numpy(), dtype=np.float32) for n, v in self._travelling.items()}
 
     def set_weights(self, params: Mapping[str, np.ndarray]) -> None:
-        """Assign every trainable variable; `params` must name each one exactly."""
-        if set(params) != set(self._variables):
+        """Assign every travelling variable; `params` must name each one exactly."""
+        if set(params) != set(self._travelling):
             raise BadTensor(
                 "parameters do not match the model: missing "
-                f"{sorted(set(self._variables) - set(params))}, "
-                f"unknown {sorted(set(params) - set(self._variables))}"
+                f"{sorted(set(self._travelling) - set(params))}, "
+                f"unknown {sorted(set(params) - set(self._travelling))}"
             )
-        for name, variable in self._variables.items():
+        for name, variable in self._travelling.items():
             variable.assign(params[name])
 
     def _gradients(self, x, y):
         with tf.device(self.device):
             with tf.GradientTape() as tape:
-                logits = self.model(x, training=True)
-                loss = self._loss_fn(y, logits)
-            grads = tape.gradient(loss, list(self._variables.values()))
-        return loss, grads
+                y_pred = self.model(x, training=True)
+                loss = self._loss(x, y, y_pred)
+            grads = tape.gradient(loss, list(self._trainable.values()))
+        missing = [n for n, g in zip(self._trainable, grads) if g is None]
+        if missing:
+            raise ConfigError(f"the loss does not depend on trainable variables {missing}; "
+                              "mark them trainable=False or use them in the model's output")
+        return loss, grads, [v.value for v in self._state.values()]
 
-    def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
-        """Gradients of the mean loss over (x, y), as float32 arrays, and that loss."""
-        loss, grads = self._grad_fn(tf.convert_to_tensor(x, tf.float32), tf.convert_to_tensor(y, tf.int32))
-        return {n: g.numpy() for n, g in zip(self._variables, grads)}, float(loss)
+    def compute_gradients(self, x, y) -> tuple[dict[str, np.ndarray], float]:
+        """Per variable key: the gradient (trainable) or new value (state); and the mean loss.
+
+        x, y: arrays (or nests of arrays) whose first axis is the examples.
+        """
+        x, y = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
+        if self._grad_fn is None:
+            # One trace for any batch size: the signature leaves the batch open.
+            spec = tf.nest.map_structure(
+                lambda t: tf.TensorSpec((None, *t.shape[1:]), t.dtype), (x, y))
+            self._grad_fn = tf.function(self._gradients, input_signature=list(spec))
+        loss, grads, state = self._grad_fn(x, y)
+        updates = {n: np.asarray(g.numpy(), np.float32) for n, g in zip(self._trainable, grads)}
+        updates.update((n, np.asarray(s.numpy(), np.float32)) for n, s in zip(self._state, state))
+        return updates, float(loss)
+
+
+def _resolve_loss(model: keras.Model, loss):
+    """loss(x, y, y_pred) -> scalar: `loss` (a Keras loss or callable) plus model.losses,
+    else the compiled loss through `model.compute_loss` (which adds them itself)."""
+    if loss is not None:
+        loss_fn = keras.losses.get(loss)
+
+        def explicit(x, y, y_pred):
+            total = loss_fn(y, y_pred)
+            return total + tf.add_n(model.losses) if model.losses else total
+
+        return explicit
+    if getattr(model, "_compile_loss", None) is None:
+        raise ConfigError(
+            f"model {model.name!r} has no loss: compile it with one "
+            "(model.compile(optimizer=..., loss=...)) or pass loss= explicitly"
+        )
+    return lambda x, y, y_pred: model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerps.errors import ConfigError
+from towerps.workers.batches import num_examples, take
 from towerps.workers.devices import BALANCES, parse_slow_tower
 from towerps.workers.tower import Tower
 
@@ -97,6 +98,14 @@ class TowerGroup:
     def variable_names(self) -> list[str]:
         return self.towers[0].variable_names
 
+    @property
+    def trainable_names(self) -> list[str]:
+        return self.towers[0].trainable_names
+
+    @property
+    def state_names(self) -> list[str]:
+        return self.towers[0].state_names
+
     def variable_bytes(self) -> dict[str, int]:
         return self.towers[0].variable_bytes()
 
@@ -110,11 +119,13 @@ class TowerGroup:
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
         """The gradient of the mean loss over all of (x, y), and that loss.
 
-        x: (n, *input_shape) float32, y: (n,) int32, n >= number of towers.
+        x, y: arrays or nests of arrays with n examples each, n >= number of towers.
+        Gradients of trainable variables and new values of float state
+        (Tower.compute_gradients) both combine as the example-weighted mean.
         Blocks until every tower is done.
         """
-        bounds = self._bounds(len(x))
-        parts = [(t, x[lo:hi], y[lo:hi]) for t, (lo, hi) in zip(self.towers, bounds)]
+        bounds = self._bounds(num_examples(x))
+        parts = [(t, *take((x, y), lo, hi)) for t, (lo, hi) in zip(self.towers, bounds)]
         # The first step traces every tower's tf.function: one at a time, as
         # Keras' tracing state is not meant to be shared across threads.
         results = self._map(self._timed, parts, parallel=self._steps > 0)

@@ -18,6 +18,7 @@ from towerps.cluster import TrainConfig, train
 from towerps.cluster.actors import actor_options, worker_resources
 from towerps.errors import ConfigError
 from towerps.ps.optimizers import make_optimizer
+from towerps.workers.variables import ModelVariables
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.workers.devices import DeviceConfig
 
@@ -48,7 +49,7 @@ def one_process_weights(steps: int) -> dict:
 
 def assert_weights_match(run_dir, expected):
     model = keras.models.load_model(f"{run_dir}/model.keras")
-    got = {v.path: v.numpy() for v in model.trainable_variables}
+    got = {k: v.numpy() for k, v in ModelVariables(model).all.items()}
     assert set(got) == set(expected)
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)

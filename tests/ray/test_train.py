@@ -10,6 +10,7 @@ from tests.unit.test_summary import SUMMARY_KEYS
 from towerps.cluster import TrainConfig, train
 from towerps.cluster.summary import RunSummary
 from towerps.ps.optimizers import make_optimizer
+from towerps.workers.variables import ModelVariables
 from towerps.workers import Tower, build_model, load_dataset
 
 pytestmark = pytest.mark.ray
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.ray
 
 def weights_of(run_dir):
     model = keras.models.load_model(f"{run_dir}/model.keras")
-    return {v.path: v.numpy() for v in model.trainable_variables}
+    return {k: v.numpy() for k, v in ModelVariables(model).all.items()}
 
 
 def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path):
