@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -199,6 +200,44 @@ class Adam(Optimizer):
 
 
 _CLASSES = {cls.name: cls for cls in (SGD, Momentum, Adam)}
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What every shard of a job runs; plain data that travels to the shards.
+
+    `keras_config` None: the numpy optimizer `name` (one of OPTIMIZERS) with
+    `lr` and the hyperparameters `hyper`; otherwise Keras' own optimizer
+    rebuilt from that `keras.optimizers.serialize` output
+    (ps/keras_optimizer.py). `whole_variables`: its update looks at whole
+    variables, so none may be sliced. `global_clipnorm`: each worker clips its
+    gradient to this global norm before pushing.
+    `exclude_from_weight_decay`: the regular expression Keras'
+    `exclude_from_weight_decay(var_names=...)` made, matched against the
+    variables' short names ("bias").
+    """
+
+    name: str
+    lr: float | None = None
+    hyper: tuple = ()  # ((hyperparameter, value), ...) of the numpy optimizer
+    keras_config: dict | None = field(default=None, compare=False)
+    whole_variables: bool = False
+    global_clipnorm: float | None = None
+    exclude_from_weight_decay: str | None = None  # Keras: the var_names pattern
+
+    @property
+    def runs_keras(self) -> bool:
+        return self.keras_config is not None
+
+    def build(self) -> Optimizer:
+        if self.keras_config is None:
+            optimizer = make_optimizer(self.name, self.lr)
+            for key, value in self.hyper:
+                setattr(optimizer, key, value)
+            return optimizer
+        from towerps.ps.keras_optimizer import KerasOptimizer
+
+        return KerasOptimizer(self.keras_config, self.exclude_from_weight_decay)
 
 
 def make_optimizer(name: str, lr: float | None = None) -> Optimizer:

@@ -93,8 +93,12 @@ def plan_placement(
     num_shards: int,
     itemsize: int = 4,
     slice_bytes: int | None = None,
+    keep_whole: bool = False,
 ) -> PlacementPlan:
-    """Slice the large variables and place everything on `num_shards` shards."""
+    """Slice the large variables and place everything on `num_shards` shards.
+
+    `keep_whole`: slice nothing (the optimizer looks at whole variables).
+    """
     if num_shards < 1:
         raise ConfigError(f"the number of PS shards must be at least 1, got {num_shards}")
     sizes = {n: int(np.prod(s, dtype=np.int64)) * itemsize for n, s in shapes.items()}
@@ -102,6 +106,8 @@ def plan_placement(
         # One shard holds everything: slicing would only add names.
         fair_share = sum(sizes.values()) / num_shards
         slice_bytes = max(MIN_SLICE_BYTES, int(fair_share / 4)) if num_shards > 1 else None
+    if keep_whole:
+        slice_bytes = None
     slice_bytes = slice_bytes or max(sizes.values(), default=1)
     pieces = []  # (nbytes, name, variable, start, stop, whole)
     for name, shape in shapes.items():

@@ -26,7 +26,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from towerps.errors import ConfigError
+from towerps.workers.batches import num_examples
 from towerps.workers.client import PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.tower import Tower
@@ -47,6 +50,9 @@ class WorkerSpec:
     # The last shard version of the run (None: `steps`). Async/ssp make one
     # version per push: steps * num_workers versions train on `steps` global batches.
     end_version: int | None = None
+    # The optimizer's global_clipnorm: no shard holds every gradient, so the
+    # worker clips its own (all towers combined) before pushing.
+    global_clipnorm: float | None = None
 
     def __post_init__(self):
         if self.global_batch_size % self.num_workers:
@@ -113,10 +119,12 @@ class Worker:
             data_step = version if spec.mode == "sync" else own_step
             x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, spec.batch_slice)
             grads, loss = self.tower.compute_gradients(x, y)
+            if spec.global_clipnorm:
+                clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)
             if spec.slow_factor > 1.0:
                 time.sleep((spec.slow_factor - 1.0) * (time.perf_counter() - t1))
             t2 = time.perf_counter()
-            outcomes = self.client.push(spec.rank, version, grads, num_examples=len(x), loss=loss)
+            outcomes = self.client.push(spec.rank, version, grads, num_examples=num_examples(x), loss=loss)
             t3 = time.perf_counter()
             report.pull_s += t1 - t0
             report.compute_s += t2 - t1
@@ -128,3 +136,14 @@ class Worker:
         report.bytes_sent = self.client.bytes_sent
         report.bytes_received = self.client.bytes_received
         return report
+
+
+def clip_global_norm(grads: dict, names: list[str], clipnorm: float) -> None:
+    """Scale the gradients `names` in place so their global L2 norm is at most
+    `clipnorm`, in Keras' arithmetic (`clip_by_global_norm`, float32)."""
+    norm = np.sqrt(sum(np.sum(np.square(grads[n]), dtype=np.float32) for n in names),
+                   dtype=np.float32)
+    clip = np.float32(clipnorm)
+    scale = clip * np.minimum(np.float32(1) / norm, np.float32(1) / clip)
+    for name in names:
+        grads[name] *= scale

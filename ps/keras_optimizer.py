@@ -1,0 +1,184 @@
+"""Any Keras optimizer on a shard: choosing how a shard runs it, and running it.
+
+    spec = optimizer_spec(model.optimizer)     # driver: numpy fast path or Keras
+    opt = spec.build()                         # shard: the optimizer it applies
+    opt.apply(params, grads)                   # params updated in place
+
+`optimizer_spec` picks the numpy fast path (ps/optimizers.py: sgd, momentum,
+adam; tests prove them equal to Keras) when the optimizer is exactly one of
+those with a constant learning rate and no extras. Everything else runs
+Keras' own optimizer on the shard, rebuilt from `keras.optimizers.serialize`
+(hyperparameters, LearningRateSchedules, weight decay, clipnorm/clipvalue
+travel with it): such a shard imports TensorFlow (~300 MB, seconds of
+start-up), which is the price of the job's choice.
+
+Which variables an optimizer may see sliced: Adafactor (factored second
+moments), Lamb (a trust ratio per variable), Muon (orthogonalised matrices)
+and any optimizer with `clipnorm` (a norm per variable) look at a whole
+variable, so their specs say `whole_variables` and placement never cuts a
+variable into rows for them. Custom optimizers are treated the same way.
+`global_clipnorm` needs every variable's gradient, which no shard holds: the
+worker clips its own gradient (all towers combined) before the push, so with
+several workers each worker's gradient is clipped, not their mean.
+
+A schedule counts shard updates (`optimizer.iterations` on each shard): one
+per step in sync mode, one per push in async/ssp, where every push is an
+update, so async reaches a schedule's step k after k / num_workers global
+batches.
+
+Refused, with the list of what works: LossScaleOptimizer and
+`loss_scale_factor` (the loss is scaled on the worker, the gradient unscaled
+on the shard: towerps trains in float32), `use_ema` (the averaged weights
+would stay on the shards), MultiOptimizer/OptimizerMap (they pick optimizers
+by variable object) and ScheduleFreeAdamW (its weights for evaluation are not
+the ones it trains).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from towerps.errors import BadTensor, ConfigError
+from towerps.ps.optimizers import Optimizer, OptimizerSpec
+
+# Keras optimizers whose update is element-wise: a row slice updates as the whole would.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Nadam",
+               "Ftrl", "Lion")
+# Keras optimizers that look at a whole variable: variables are never sliced for them.
+WHOLE_VARIABLE = ("Adafactor", "Lamb", "Muon")
+SUPPORTED = ELEMENTWISE + WHOLE_VARIABLE
+REFUSED = {
+    "LossScaleOptimizer": "it scales the loss on the worker and unscales on the shard; "
+                          "towerps trains in float32: use the inner optimizer",
+    "MultiOptimizer": "it picks an optimizer by variable object, which shards do not hold",
+    "OptimizerMap": "it picks an optimizer by variable object, which shards do not hold",
+    "ScheduleFreeAdamW": "the weights it evaluates are not the ones it trains",
+}
+
+
+def optimizer_spec(optimizer) -> OptimizerSpec:
+    """How shards run the Keras `optimizer`; ConfigError if towerps cannot run it."""
+    import keras
+
+    serialized = keras.optimizers.serialize(optimizer)
+    name, config = serialized["class_name"], dict(serialized["config"])
+    _check_supported(name, config, optimizer)
+    clip = config.pop("global_clipnorm", None)
+    fast = _fast_path(name, config)
+    if fast is not None:
+        return OptimizerSpec(name=fast[0], lr=fast[1], hyper=fast[2], global_clipnorm=clip)
+    whole = name not in ELEMENTWISE or bool(config.get("clipnorm"))
+    keras_config = {**serialized, "config": {**config, "global_clipnorm": None}}
+    # exclude_from_weight_decay(var_names=...) is not part of get_config: carry its pattern.
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    return OptimizerSpec(name=name, keras_config=keras_config, whole_variables=whole,
+                         global_clipnorm=clip,
+                         exclude_from_weight_decay=pattern.pattern if pattern else None)
+
+
+def _check_supported(name: str, config: dict, optimizer) -> None:
+    listed = f"supported: {', '.join(SUPPORTED)}"
+    if name in REFUSED:
+        raise ConfigError(f"optimizer {name} cannot run on parameter-server shards: "
+                          f"{REFUSED[name]}; {listed}")
+    builtin = type(optimizer).__module__.startswith("keras.")
+    if builtin and name not in SUPPORTED:
+        raise ConfigError(f"optimizer {name} is not supported on parameter-server shards; {listed}")
+    if config.get("use_ema"):
+        raise ConfigError(f"optimizer {name} with use_ema=True: the moving average would stay "
+                          "on the shards, not in the model; drop use_ema")
+    if getattr(optimizer, "_exclude_from_weight_decay", None):
+        raise ConfigError(f"optimizer {name}: exclude_from_weight_decay(var_list=...) names "
+                          "variable objects, which shards do not hold; use var_names=[...]")
+    if config.get("loss_scale_factor"):
+        raise ConfigError(f"optimizer {name} with loss_scale_factor: towerps trains in float32 "
+                          "and never scales the loss; drop loss_scale_factor")
+
+
+def _fast_path(name: str, config: dict):
+    """(numpy name, lr, hyperparameters) when ps/optimizers.py does exactly this update."""
+    lr = config.get("learning_rate")
+    extras = ("weight_decay", "clipnorm", "clipvalue", "gradient_accumulation_steps")
+    if not isinstance(lr, (int, float)) or any(config.get(k) for k in extras):
+        return None
+    if name == "SGD" and not config.get("nesterov"):
+        momentum = float(config.get("momentum") or 0.0)
+        return ("momentum", lr, (("momentum", momentum),)) if momentum else ("sgd", lr, ())
+    if name == "Adam" and not config.get("amsgrad"):
+        return "adam", lr, tuple((k, float(config[k])) for k in ("beta_1", "beta_2", "epsilon"))
+    return None
+
+
+class KerasOptimizer(Optimizer):
+    """Keras' own optimizer over a shard's numpy variables (imports TensorFlow).
+
+    The numpy arrays stay the shard's truth: each `apply` copies them into
+    Keras variables (named by the variables' short names, so AdamW's
+    `exclude_from_weight_decay` patterns match), runs `apply_gradients`, and
+    copies the result back. Its variables are built at the first `apply`,
+    which must name every variable the shard holds (pushes always do).
+    """
+
+    def __init__(self, keras_config: dict, exclude_from_weight_decay: str | None = None):
+        import keras  # only shards running a Keras optimizer pay for TensorFlow
+
+        super().__init__(lr=1.0)  # the rate lives in the Keras optimizer
+        self.name = keras_config["class_name"]
+        # Named explicitly: Keras' deserialize does not know every class it ships (Lamb).
+        shipped = getattr(keras.optimizers, self.name, None)
+        custom = {self.name: shipped} if isinstance(shipped, type) else None
+        self._optimizer = keras.optimizers.deserialize(keras_config, custom_objects=custom)
+        if exclude_from_weight_decay:
+            self._optimizer.exclude_from_weight_decay(var_names=[exclude_from_weight_decay])
+        self._variables: dict = {}
+
+    def apply(self, params, grads, lr_scale: float = 1.0) -> None:
+        if lr_scale != 1.0:
+            raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only, "
+                              f"not of Keras' {self.name}; drop --staleness-lr")
+        import keras
+
+        checked = {name: _checked(name, params, g) for name, g in grads.items()}
+        if not self._variables:
+            self._variables = {n: keras.Variable(params[n], name=short_name(n)) for n in params}
+            self._optimizer.build(list(self._variables.values()))
+        elif set(checked) != set(self._variables):
+            raise BadTensor(f"gradients for {sorted(checked)}, but this optimizer updates "
+                            f"{sorted(self._variables)}")
+        for name in checked:
+            self._variables[name].assign(params[name])
+        self._optimizer.apply_gradients(
+            [(checked[name], self._variables[name]) for name in checked])
+        for name in checked:
+            params[name][...] = self._variables[name].numpy()
+        self.iterations += 1
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The Keras optimizer's variables by their paths (iterations included)."""
+        return {v.path: np.array(v.numpy()) for v in self._optimizer.variables}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        for variable in self._optimizer.variables:
+            if variable.path not in state:
+                raise BadTensor(f"optimizer state lacks {variable.path!r}; was it saved by "
+                                f"another optimizer than {self.name}?")
+            variable.assign(state[variable.path])
+        self.iterations = int(self._optimizer.iterations.numpy())
+
+    def __repr__(self) -> str:
+        return f"KerasOptimizer({self.name}, iterations={self.iterations})"
+
+
+def _checked(name, params, grad) -> np.ndarray:
+    if name not in params:
+        raise BadTensor(f"gradient for unknown variable {name!r}")
+    grad = np.asarray(grad, dtype=np.float32)
+    if grad.shape != params[name].shape:
+        raise BadTensor(f"gradient {name!r} has shape {grad.shape}, variable has "
+                        f"{params[name].shape}")
+    return grad
+
+
+def short_name(key: str) -> str:
+    """A variable key's short name: "0003/kernel" or its slice "0003/kernel:1" -> "kernel"."""
+    return key.partition("/")[2].partition(":")[0] or key
