@@ -27,6 +27,7 @@ DEFAULT_STEPS = 1000
 UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the run
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 TOWER_BALANCES = ("equal", "measured")
+SUM_ORDERS = ("rank", "arrival")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +96,9 @@ def _add_job_flags(parser) -> None:
     add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
     add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
         help="dtype of gradients and parameters on the wire; shards still apply in float32")
+    add("--sum-order", choices=SUM_ORDERS, default="rank",
+        help="sync: add a step's gradients in rank order, so runs repeat bit for bit "
+        "(default), or as they arrive (holds none back)")
     add("--slow-worker", default=None, metavar="RANK:FACTOR",
         help="TEST ONLY: make worker RANK compute FACTOR times slower (straggler studies)")
     _add_device_flags(parser.add_argument_group("devices of each worker (docs/devices.md)"))
@@ -168,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             log_every=args.log_every,
             wire_dtype=args.wire_dtype,
             slow_worker=args.slow_worker,
+            sum_order=args.sum_order,
             devices=_device_config(args),
             **_mode_fields(args),
         )

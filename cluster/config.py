@@ -28,6 +28,7 @@ class TrainConfig:
     staleness: int | None = None  # ssp: how many clocks a worker may run ahead
     staleness_lr: bool = False  # async/ssp: lr / max(1, staleness) per push
     backup_workers: int = 0  # sync: a step does not wait for the last b workers
+    sum_order: str = "rank"  # sync: add a step's pushes in rank order, or as they arrive
     num_workers: int = 2
     num_ps: int = 2
     # Joining a cluster: one shard and one worker per alive node, set once the
@@ -55,7 +56,7 @@ class TrainConfig:
         _choice("--dataset", self.dataset, DATASETS)
         if self.model is not None:
             _choice("--model", self.model, MODELS)
-        Mode(self.mode, self.staleness, self.staleness_lr, self.backup_workers)  # validates
+        self.mode_policy  # validates the mode's fields
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         for flag, value in (
@@ -114,7 +115,8 @@ class TrainConfig:
 
     @property
     def mode_policy(self) -> Mode:
-        return Mode(self.mode, self.staleness, self.staleness_lr, self.backup_workers)
+        return Mode(self.mode, self.staleness, self.staleness_lr, self.backup_workers,
+                    self.sum_order)
 
     @property
     def end_version(self) -> int:

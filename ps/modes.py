@@ -20,6 +20,10 @@ Two independent knobs make the three modes:
 Staleness of an applied push = the shard's version when it is applied minus
 the version its gradient was computed on. Sync steps have staleness 0.
 
+A sync step adds its pushes in rank order (`sum_order="rank"`, the
+default), so its result does not depend on the order they arrive in;
+"arrival" adds them as they come, holding none back (ps/aggregation.py).
+
 `Mode.parse("ssp:2")` reads the names `towerps compare --modes` takes:
 sync, backup:B (sync with B backup workers), async, ssp:S.
 """
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from towerps.errors import ConfigError
 
 MODES = ("sync", "async", "ssp")
+SUM_ORDERS = ("rank", "arrival")
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,16 @@ class Mode:
     staleness: int | None = None  # ssp: the bound s on clock drift; None for the others
     staleness_lr: bool = False  # async/ssp: divide the lr of a push by its staleness
     backup_workers: int = 0  # sync: a step does not wait for the last b workers
+    # sync: add a step's pushes in rank order (bit-reproducible with any number
+    # of workers) or as they arrive (ps/aggregation.py)
+    sum_order: str = "rank"
 
     def __post_init__(self):
+        if self.sum_order not in SUM_ORDERS:
+            raise ConfigError(
+                f"--sum-order {self.sum_order!r} is not known; choose rank (reproducible, "
+                "the default) or arrival"
+            )
         if self.name not in MODES:
             raise ConfigError(f"--mode {self.name!r} is not known; choose one of {', '.join(MODES)}")
         if self.name == "ssp":

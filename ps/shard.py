@@ -127,7 +127,9 @@ class Shard:
         self._closed = False
         self._stats = ShardStats()
         # sync: the step being gathered (gradients and state values alike)
-        self._buffer = StepBuffer({**self._params, **self._state})
+        self._buffer = StepBuffer(
+            {**self._params, **self._state}, ordered=self.mode.sum_order == "rank"
+        )
         self._last_step = [-1] * num_workers  # per worker: the latest step it pushed
         self._clocks = [0] * num_workers  # per worker: gradients pushed before the end
         # Read-only copy of the parameters at `self._version`, made by the

@@ -109,3 +109,15 @@ def test_reset_peak_rss_brings_the_high_water_mark_down_to_now():
     if not common.reset_peak_rss():
         pytest.fail("clear_refs is not writable here; the benchmarks then report no peaks")
     assert common.proc_status_bytes("VmHWM") < before
+
+
+def test_sum_order_benchmark_writes_both_orders_and_the_held_bytes(tmp_path):
+    from benchmarks import sum_order
+
+    result = sum_order.main(["--tiny", "--out", str(tmp_path / "sum_order.json")])
+    (pair,) = result["figures"].values()
+    assert pair["arrival"]["held_pushes_max"] == 0
+    assert 0 <= pair["rank"]["held_pushes_max"] <= 2  # 3 workers: at most 2 wait for rank 0
+    assert pair["step_ratio"] == pytest.approx(
+        pair["rank"]["step_ms_median"] / pair["arrival"]["step_ms_median"])
+    assert sum_order.held_peak([2, 1, 0]) == 2 and sum_order.held_peak([0, 1, 2]) == 0

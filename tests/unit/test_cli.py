@@ -5,6 +5,7 @@ import pytest
 from towerps.cluster import cli
 from towerps.cluster.config import MODES, TrainConfig
 from towerps.errors import ConfigError
+from towerps.ps.modes import SUM_ORDERS
 from towerps.ps.optimizers import OPTIMIZERS
 from towerps.workers.data import DATASETS
 from towerps.workers.models import MODELS
@@ -19,6 +20,7 @@ def test_cli_choices_agree_with_the_packages_that_own_them():
     assert cli.OPTIMIZERS == OPTIMIZERS
     assert cli.MODES == MODES
     assert cli.WIRE_DTYPES == tuple(WIRE_DTYPES)
+    assert cli.SUM_ORDERS == SUM_ORDERS
 
 
 @pytest.mark.parametrize(
