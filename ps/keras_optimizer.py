@@ -140,8 +140,7 @@ class KerasOptimizer(Optimizer):
 
         checked = {name: _checked(name, params, g) for name, g in grads.items()}
         if not self._variables:
-            self._variables = {n: keras.Variable(params[n], name=short_name(n)) for n in params}
-            self._optimizer.build(list(self._variables.values()))
+            self._build(params)
         elif set(checked) != set(self._variables):
             raise BadTensor(f"gradients for {sorted(checked)}, but this optimizer updates "
                             f"{sorted(self._variables)}")
@@ -157,13 +156,23 @@ class KerasOptimizer(Optimizer):
         """The Keras optimizer's variables by their paths (iterations included)."""
         return {v.path: np.array(v.numpy()) for v in self._optimizer.variables}
 
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
+    def load_state(self, state: dict[str, np.ndarray], params: dict | None = None) -> None:
+        """Assign a `state()` dict; `params` builds the slots first if no
+        `apply` has yet (a shard restored from a checkpoint)."""
+        if not self._variables and params is not None:
+            self._build(params)
         for variable in self._optimizer.variables:
             if variable.path not in state:
                 raise BadTensor(f"optimizer state lacks {variable.path!r}; was it saved by "
                                 f"another optimizer than {self.name}?")
             variable.assign(state[variable.path])
         self.iterations = int(self._optimizer.iterations.numpy())
+
+    def _build(self, params) -> None:
+        import keras
+
+        self._variables = {n: keras.Variable(params[n], name=short_name(n)) for n in params}
+        self._optimizer.build(list(self._variables.values()))
 
     def __repr__(self) -> str:
         return f"KerasOptimizer({self.name}, iterations={self.iterations})"

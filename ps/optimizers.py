@@ -99,8 +99,11 @@ class Optimizer:
                 out[f"{slot}/{var}"] = arr.copy()
         return out
 
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Replace slots and `iterations` with those of `state()` output."""
+    def load_state(self, state: dict[str, np.ndarray], params: dict | None = None) -> None:
+        """Replace slots and `iterations` with those of `state()` output.
+
+        `params` (the variables the state belongs to) lets an optimizer that
+        builds its slots lazily build them first; the numpy ones ignore it."""
         if _ITERATIONS_KEY not in state:
             raise BadTensor(f"optimizer state has no {_ITERATIONS_KEY!r} entry; "
                             "pass the dict that Optimizer.state() returned")

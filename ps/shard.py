@@ -30,6 +30,13 @@ Exactly once: a push names (worker_rank, step), and a worker's steps only
 grow; a repeat is answered DUPLICATE (still in the buffer) or
 ALREADY_APPLIED and changes nothing, so the client may retry a lost answer.
 
+Checkpoints (ps/checkpoint.py): `export_state` copies the whole state under
+the lock (the only pause it costs training); `take_checkpoints(every, sink)`
+hands such a copy to `sink` at every version that is a multiple of `every`,
+exactly at that version; `restore` / `Shard.from_state` go back to one. A
+step being gathered is not part of a state: its workers' last steps are
+recorded as before it, so after a restore they push it again and are taken.
+
 Thread safety: every public method holds `self._lock` (a Condition) for its
 whole body, waits included (they release it while waiting); gRPC calls in
 from many threads at once.
@@ -39,13 +46,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import BadTensor, CheckpointError, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.ps.aggregation import StepBuffer
+from towerps.ps.checkpoint import ShardState
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.wire import TensorSpec, spec_of
@@ -135,6 +143,17 @@ class Shard:
         # Read-only copy of the parameters at `self._version`, made by the
         # first pull of a version and shared by all the others.
         self._snapshot: dict[str, np.ndarray] | None = None
+        self._checkpoint_every = 0  # 0: none (take_checkpoints)
+        self._checkpoint_sink: Callable[[ShardState, float], None] | None = None
+
+    @classmethod
+    def from_state(cls, state: ShardState, optimizer: Optimizer, mode: Mode | None = None,
+                   end_version: int | None = None) -> Shard:
+        """A new shard that goes on from `state` (a checkpoint's part)."""
+        shard = cls(state.index, state.params, optimizer, state.num_workers, mode, end_version,
+                    state=state.non_trainable)
+        shard.restore(state)
+        return shard
 
     @property
     def version(self) -> int:
@@ -202,8 +221,9 @@ class Shard:
         if len(self._buffer) < self._quorum:
             return PushResult(BUFFERED, self._version)
         buffer = self._buffer
-        self._apply(buffer.mean(), buffer.loss, buffer.num_examples, 0, len(buffer), 1.0)
-        buffer.clear()
+        mean, loss, num_examples, count = buffer.mean(), buffer.loss, buffer.num_examples, len(buffer)
+        buffer.clear()  # before _apply: a checkpoint taken there holds no step in progress
+        self._apply(mean, loss, num_examples, 0, count, 1.0)
         return PushResult(APPLIED, self._version)
 
     def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
@@ -225,6 +245,10 @@ class Shard:
         self._stats.steps.append(
             StepRecord(self._version, loss, num_examples, time.time(), staleness)
         )
+        if self._checkpoint_every and self._version % self._checkpoint_every == 0:
+            t0 = time.perf_counter()
+            state = self._export()
+            self._checkpoint_sink(state, time.perf_counter() - t0)
         self._lock.notify_all()
 
     def _check_push(self, worker_rank, step, grads, num_examples) -> None:
@@ -342,6 +366,72 @@ class Shard:
                 s,
                 staleness_histogram=list(s.staleness_histogram),
                 steps=[r for r in s.steps if r.version > since_version],
+            )
+
+    def take_checkpoints(self, every: int, sink: Callable[[ShardState, float], None]) -> None:
+        """At every version that is a multiple of `every`, call sink(state, pause_s)
+        with a copy of the whole state and the seconds the copy took.
+
+        The sink is called with the lock held, in the push that made the
+        version: it must only hand the state on (ps/checkpoint.py's PartWriter).
+        """
+        if every < 1:
+            raise CheckpointError(f"--checkpoint-every must be at least 1 step, got {every}")
+        with self._lock:
+            self._checkpoint_every, self._checkpoint_sink = every, sink
+
+    def export_state(self) -> ShardState:
+        """A copy of the whole state at the current version (blocks pushes and
+        pulls while it copies)."""
+        with self._lock:
+            return self._export()
+
+    def _export(self) -> ShardState:
+        # Workers whose push for the step being gathered is in the buffer are
+        # recorded as before it: a state never holds half a step.
+        pending = self._buffer.contributors if self.mode.aggregates else set()
+        last_step = [min(s, self._version - 1) if w in pending else s
+                     for w, s in enumerate(self._last_step)]
+        clocks = [c - (w in pending) for w, c in enumerate(self._clocks)]
+        return ShardState(
+            self.index, self._version, self.num_workers,
+            params={n: v.copy() for n, v in self._params.items()},
+            optimizer=self._optimizer.state(), last_step=last_step, clocks=clocks,
+            non_trainable={n: v.copy() for n, v in self._state.items()},
+        )
+
+    def restore(self, state: ShardState) -> None:
+        """Go back (or on) to `state`: variables, optimizer, version, the
+        exactly-once table and clocks. Drops the step being gathered and the
+        step records after its version; wakes every waiting pull and gate.
+        Raises CheckpointError, changing nothing, if `state` belongs to
+        another shard, model or number of workers."""
+        with self._lock:
+            self._check_state(state)
+            self._optimizer.load_state(state.optimizer, self._params)  # checks it, first
+            for name, value in state.params.items():
+                np.copyto(self._params[name], value)
+            for name, value in state.non_trainable.items():
+                np.copyto(self._state[name], value)
+            self._version = state.version
+            self._last_step, self._clocks = list(state.last_step), list(state.clocks)
+            self._buffer.clear()
+            self._snapshot = None
+            self._stats.steps = [r for r in self._stats.steps if r.version <= state.version]
+            self._lock.notify_all()
+
+    def _check_state(self, state: ShardState) -> None:
+        def specs(arrays):
+            return {n: spec_of(np.asarray(v, np.float32)) for n, v in arrays.items()}
+
+        ours = (self.index, self.num_workers, specs(self._params), specs(self._state))
+        if (state.index, state.num_workers, specs(state.params),
+                specs(state.non_trainable)) != ours:
+            raise CheckpointError(
+                f"the checkpoint part is shard {state.index} of a job with {state.num_workers} "
+                f"workers and variables {sorted(state.params)[:5]}; this is shard {self.index} with "
+                f"{self.num_workers} workers and {sorted(self.specs)[:5]}: resume with the "
+                "configuration the checkpoint was written with"
             )
 
     def close(self) -> None:

@@ -36,3 +36,7 @@ class ShardUnavailable(TowerpsError, ConnectionError):
 
 class ClusterError(TowerpsError, RuntimeError):
     """Ray could not be reached or could not place what a job asks for."""
+
+
+class CheckpointError(TowerpsError):
+    """A checkpoint is missing, incomplete, or not one towerps wrote."""
