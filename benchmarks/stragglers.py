@@ -47,12 +47,13 @@ def main(argv=None) -> dict:
         args.model, args.steps, args.batch_size = "mlp", 12, 48
 
     from towerps.cluster import TrainConfig, train
+    from towerps.ps.modes import Mode
 
     slow = f"{args.num_workers - 1}:{args.slow_factor:g}"
     cases = {
         "no_straggler": dict(),
         "straggler": dict(slow_worker=slow),
-        "straggler_with_1_backup": dict(slow_worker=slow, backup_workers=1),
+        "straggler_with_1_backup": dict(slow_worker=slow, mode=Mode("sync", backup_workers=1)),
     }
     runs = {}
     with common.local_ray(args.num_workers + 1), tempfile.TemporaryDirectory() as tmp:

@@ -172,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
             log_every=args.log_every,
             wire_dtype=args.wire_dtype,
             slow_worker=args.slow_worker,
-            sum_order=args.sum_order,
             devices=_device_config(args),
             **_mode_fields(args),
         )
@@ -215,10 +214,13 @@ def _steps(args) -> int:
 
 
 def _mode_fields(args) -> dict:
+    from towerps.ps.modes import Mode
+
     if args.command == "compare":
-        return {}  # each mode of --modes sets them
-    return {"mode": args.mode, "staleness": args.staleness,
-            "staleness_lr": args.staleness_lr, "backup_workers": args.backup_workers}
+        # Each mode of --modes sets the rest; the sum order holds for them all.
+        return {"mode": Mode(sum_order=args.sum_order)}
+    return {"mode": Mode(args.mode, args.staleness, args.staleness_lr, args.backup_workers,
+                         args.sum_order)}
 
 
 def _compare(config, args) -> int:

@@ -46,10 +46,7 @@ def mode_configs(base: TrainConfig, modes: list[Mode], run_dir: str) -> list[Tra
     return [
         dataclasses.replace(
             base,
-            mode=m.name,
-            staleness=m.staleness,
-            staleness_lr=m.staleness_lr,
-            backup_workers=m.backup_workers,
+            mode=dataclasses.replace(m, sum_order=base.mode.sum_order),
             run_dir=os.path.join(run_dir, m.label.replace(":", "-").replace("+", "_")),
             eval_points=base.eval_points or EVAL_POINTS,
         )
@@ -67,8 +64,8 @@ def compare(
 
     Blocks until every run is done (each as long as `train`). Returns
     write_report's answer plus "run_dir" and "summaries" (each run's
-    RunSummary, in order). A run that fails
-    raises its TowerpsError; the runs before it keep their folders.
+    RunSummary, in order). A run that fails raises its TowerpsError; the
+    runs before it keep their folders.
     """
     if target_accuracy is not None and not 0.0 < target_accuracy <= 1.0:
         raise ConfigError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")

@@ -2,12 +2,18 @@
 
 `TrainConfig` is frozen and validated in `__post_init__`: a bad value raises
 ConfigError naming the value and the fix, before Ray or any actor starts.
+
+The mode is one `Mode` (ps/modes.py), passed as it is to the shards and
+the workers; `mode="ssp:2"` is short for `mode=Mode("ssp", staleness=2)`
+(the names `towerps compare --modes` takes). `to_dict` writes it as the
+CLI's flags (mode, staleness, staleness_lr, backup_workers, sum_order), as
+summary.json's "config" always had it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from towerps.errors import ConfigError
 from towerps.wire import WIRE_DTYPES
@@ -24,11 +30,9 @@ class TrainConfig:
     data_dir: str | None = None
     download: bool = True  # fetch a missing data set where the network allows
     model: str | None = None  # None: the data set's default model
-    mode: str = "sync"  # sync | async | ssp (ps/modes.py)
-    staleness: int | None = None  # ssp: how many clocks a worker may run ahead
-    staleness_lr: bool = False  # async/ssp: lr / max(1, staleness) per push
-    backup_workers: int = 0  # sync: a step does not wait for the last b workers
-    sum_order: str = "rank"  # sync: add a step's pushes in rank order, or as they arrive
+    # sync, async or ssp, with its staleness bound, staleness-aware lr or backup
+    # workers, and the order a sync step adds its pushes in (ps/modes.py).
+    mode: Mode = Mode()
     num_workers: int = 2
     num_ps: int = 2
     # Joining a cluster: one shard and one worker per alive node, set once the
@@ -56,7 +60,12 @@ class TrainConfig:
         _choice("--dataset", self.dataset, DATASETS)
         if self.model is not None:
             _choice("--model", self.model, MODELS)
-        self.mode_policy  # validates the mode's fields
+        if isinstance(self.mode, str):
+            object.__setattr__(self, "mode", Mode.parse(self.mode))
+        if not isinstance(self.mode, Mode):
+            raise ConfigError(
+                f"mode {self.mode!r} is not a Mode; pass e.g. Mode('ssp', staleness=2) or 'ssp:2'"
+            )
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         for flag, value in (
@@ -76,7 +85,7 @@ class TrainConfig:
                 f"(e.g. {self.batch_size - self.batch_size % self.num_workers or self.num_workers})"
             )
         self.slow_factor(0)  # validates slow_worker
-        self.mode_policy.quorum(self.num_workers)  # backups below the workers
+        self.mode.quorum(self.num_workers)  # backups below the workers
         if self.min_nodes > 1 and self.address is None:
             raise ConfigError(
                 f"--min-nodes {self.min_nodes} needs --address: a local Ray cluster has one node"
@@ -114,15 +123,10 @@ class TrainConfig:
         return factor if rank == slow_rank else 1.0
 
     @property
-    def mode_policy(self) -> Mode:
-        return Mode(self.mode, self.staleness, self.staleness_lr, self.backup_workers,
-                    self.sum_order)
-
-    @property
     def end_version(self) -> int:
         """The shards' last version: `steps` global batches of examples, as one sync
         update each or as num_workers async/ssp pushes each."""
-        return self.steps * self.mode_policy.updates_per_step(self.num_workers)
+        return self.steps * self.mode.updates_per_step(self.num_workers)
 
     @property
     def model_name(self) -> str:
@@ -133,10 +137,20 @@ class TrainConfig:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     def resolved_run_dir(self, now: str) -> str:
-        return self.run_dir or os.path.join("runs", f"{now}-{self.mode}-{self.dataset}")
+        return self.run_dir or os.path.join("runs", f"{now}-{self.mode.name}-{self.dataset}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """JSON values: the mode as its CLI flags, in the mode's place."""
+        data = {}
+        for f in fields(self):
+            if f.name == "mode":
+                m = self.mode
+                data.update(mode=m.name, staleness=m.staleness, staleness_lr=m.staleness_lr,
+                            backup_workers=m.backup_workers, sum_order=m.sum_order)
+            else:
+                value = getattr(self, f.name)
+                data[f.name] = asdict(value) if is_dataclass(value) else value
+        return data
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

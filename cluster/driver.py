@@ -108,11 +108,11 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
               evals: list[Evaluation], startup_s: float) -> RunSummary:
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
-    reports, mode = watched.reports, config.mode_policy
+    reports, mode = watched.reports, config.mode
     final = evals[-1]
     return RunSummary(
         towerps_version=__version__,
-        mode=config.mode,
+        mode=mode.name,
         dataset=config.dataset,
         model=config.model_name,
         optimizer=config.optimizer,
@@ -138,9 +138,9 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         pushes_duplicate=sum(c.pushes_duplicate for c in counters),
         pushes_rejected=sum(c.pushes_rejected for c in counters),
         mode_label=mode.label,
-        staleness_bound=config.staleness,
-        staleness_lr=config.staleness_lr,
-        backup_workers=config.backup_workers,
+        staleness_bound=mode.staleness,
+        staleness_lr=mode.staleness_lr,
+        backup_workers=mode.backup_workers,
         budget_s=config.budget_s,
         ended_early=watched.ended_early,
         updates_per_step=mode.updates_per_step(config.num_workers),

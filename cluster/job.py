@@ -89,7 +89,7 @@ class Job:
         c = self.config
         records = get([
             shard.start.remote(shard_slices[k], c.optimizer, c.learning_rate, c.num_workers,
-                               c.mode_policy, c.end_version)
+                               c.mode, c.end_version)
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)

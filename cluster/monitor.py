@@ -74,7 +74,7 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
     `get` is ray.get that re-raises towerps errors. A failing worker raises
     here at once; the caller stops the rest. Blocks until every worker is done.
     """
-    mode = config.mode_policy
+    mode = config.mode
     target = config.end_version
     per_log = config.log_every * mode.updates_per_step(config.num_workers)
     result = WatchResult([], [], [], False)

@@ -85,6 +85,14 @@ class Mode:
         return self.name == "sync"
 
     @property
+    def batches_by_version(self) -> bool:
+        """True (sync): a worker trains on its rows of the global batch numbered by
+        the version it pulled, so the workers of a step share one global batch
+        (N workers = one big batch). False (async, ssp): of the batch numbered by
+        its own step count."""
+        return self.aggregates
+
+    @property
     def clock_bound(self) -> int | None:
         """How many clocks a worker may run ahead of the slowest; None: unbounded."""
         return self.staleness if self.name == "ssp" else None

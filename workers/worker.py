@@ -30,6 +30,7 @@ import numpy as np
 
 from towerps.errors import ConfigError
 from towerps.workers.batches import num_examples
+from towerps.ps.modes import Mode
 from towerps.workers.client import PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.tower import Tower
@@ -46,7 +47,7 @@ class WorkerSpec:
     # TEST ONLY (--slow-worker RANK:FACTOR): this worker's compute takes
     # FACTOR times as long, to study stragglers.
     slow_factor: float = 1.0
-    mode: str = "sync"  # sync: data by shard version; async/ssp: by own step count
+    mode: Mode = Mode()  # the run's mode: which global batch a step trains on
     # The last shard version of the run (None: `steps`). Async/ssp make one
     # version per push: steps * num_workers versions train on `steps` global batches.
     end_version: int | None = None
@@ -112,11 +113,11 @@ class Worker:
             if version < wanted or version >= spec.final_version:
                 report.pull_s += time.perf_counter() - t0
                 break  # the run is over
-            if spec.mode == "sync":
+            if spec.mode.batches_by_version:
                 report.versions_skipped += version - wanted
             self.tower.set_weights(params)
             t1 = time.perf_counter()
-            data_step = version if spec.mode == "sync" else own_step
+            data_step = version if spec.mode.batches_by_version else own_step
             x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, spec.batch_slice)
             grads, loss = self.tower.compute_gradients(x, y)
             if spec.global_clipnorm:

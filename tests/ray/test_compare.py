@@ -9,6 +9,7 @@ from PIL import Image
 
 from towerps.cluster import TrainConfig, cli, train
 from towerps.cluster.report import PLOTS
+from towerps.ps.modes import Mode
 
 pytestmark = pytest.mark.ray
 
@@ -53,7 +54,7 @@ def test_compare_runs_each_mode_on_the_same_job_and_writes_the_report(ray_cluste
 
 
 def test_async_metrics_carry_staleness_per_record(ray_cluster, tmp_path):
-    config = TrainConfig(dataset="synthetic", mode="async", staleness_lr=True, num_workers=2,
+    config = TrainConfig(dataset="synthetic", mode=Mode("async", staleness_lr=True), num_workers=2,
                          num_ps=2, batch_size=32, steps=10, lr=0.005, log_every=5,
                          run_dir=str(tmp_path))
     summary = train(config, progress=False)

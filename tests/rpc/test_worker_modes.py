@@ -57,7 +57,7 @@ def cluster(dataset):
         workers = []
         for rank in range(2):
             spec = WorkerSpec(rank, 2, 32, steps, seed=0, pull_timeout_s=TIMEOUT_S,
-                              mode=mode.name, end_version=end)
+                              mode=mode, end_version=end)
             model = build_model("mlp", dataset.input_shape, dataset.num_classes, 0)
             tower = GatedTower(Tower(model), gates_by_rank.get(rank, {}))
             client = PSClient([f"127.0.0.1:{port}"], plan, max_attempts=2, backoff_s=0.01)

@@ -6,6 +6,7 @@ from towerps.cluster import cli
 from towerps.cluster.config import MODES, TrainConfig
 from towerps.errors import ConfigError
 from towerps.ps.modes import SUM_ORDERS
+from towerps.ps.modes import Mode
 from towerps.ps.optimizers import OPTIMIZERS
 from towerps.workers.data import DATASETS
 from towerps.workers.models import MODELS
@@ -97,3 +98,22 @@ def test_slow_worker_flag_is_parsed_and_checked():
     for bad in ("1", "x:3", "2:3", "1:0.5"):
         with pytest.raises(ConfigError, match="RANK:FACTOR"):
             TrainConfig(num_workers=2, slow_worker=bad)
+
+
+def test_the_config_holds_one_mode_and_writes_it_as_the_cli_s_flags():
+    config = TrainConfig(mode="ssp:2", num_workers=2)
+    assert config.mode == Mode("ssp", staleness=2)
+    assert TrainConfig(mode=Mode("sync", backup_workers=1)).mode.quorum(2) == 1
+    data = config.to_dict()
+    keys = list(data)
+    at = keys.index("mode")
+    # summary.json's "config": the mode's four fields where they always were.
+    assert keys[at:at + 6] == ["mode", "staleness", "staleness_lr", "backup_workers",
+                               "sum_order", "num_workers"]
+    assert (data["mode"], data["staleness"], data["staleness_lr"], data["backup_workers"],
+            data["sum_order"]) == ("ssp", 2, False, 0, "rank")
+    assert data["devices"]["tower_balance"] == "equal"
+    assert config.end_version == config.steps * 2  # one version per push of 2 workers
+    for bad, message in ((3, "is not a Mode"), ("ssp", "mode 'ssp' is not known")):
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig(mode=bad)
