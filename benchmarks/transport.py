@@ -141,6 +141,7 @@ def run_client(args) -> None:
     import numpy as np
 
     from towerps.ps.placement import plan_placement
+    from towerps.ps.shard import PushOutcome
     from towerps.workers.client import PSClient
 
     grads = tensors_of(args.mb, args.tensor_mb, 1e-3)
@@ -159,7 +160,7 @@ def run_client(args) -> None:
     t1 = time.perf_counter()
     version, params = client.pull(min_version=1, timeout_s=300.0)
     t2 = time.perf_counter()
-    assert outcome == ["applied"] and version == 1, (outcome, version)
+    assert outcome == [PushOutcome.APPLIED] and version == 1, (outcome, version)
     assert sum(p.nbytes for p in params.values()) == nbytes
     del params
     memory.update({
@@ -183,7 +184,7 @@ def run_client(args) -> None:
 
     def grpc_push():
         outcome = client.push(0, 0, grads, num_examples=1, loss=0.0)
-        assert outcome == ["already_applied"], outcome
+        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
 
     def tcp_send():
         tcp.sendall(_HEADER.pack(b"P", nbytes))

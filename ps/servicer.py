@@ -36,15 +36,15 @@ from towerps.codec import parse_part, pull_stream, read_push
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DROPPED, DUPLICATE, Shard
+from towerps.ps.shard import PushOutcome, Shard
 from towerps.wire import GRPC_OPTIONS, pull_wire_dtype
 
 _OUTCOMES = {
-    BUFFERED: pb.PushReply.BUFFERED,
-    APPLIED: pb.PushReply.APPLIED,
-    DUPLICATE: pb.PushReply.DUPLICATE,
-    ALREADY_APPLIED: pb.PushReply.ALREADY_APPLIED,
-    DROPPED: pb.PushReply.DROPPED,
+    PushOutcome.BUFFERED: pb.PushReply.BUFFERED,
+    PushOutcome.APPLIED: pb.PushReply.APPLIED,
+    PushOutcome.DUPLICATE: pb.PushReply.DUPLICATE,
+    PushOutcome.ALREADY_APPLIED: pb.PushReply.ALREADY_APPLIED,
+    PushOutcome.DROPPED: pb.PushReply.DROPPED,
 }
 _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
 

@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 import numpy as np
 
@@ -58,18 +59,23 @@ from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.wire import TensorSpec, spec_of
 
-BUFFERED = "buffered"
-APPLIED = "applied"
-DUPLICATE = "duplicate"
-ALREADY_APPLIED = "already_applied"
-DROPPED = "dropped"
+
+
+class PushOutcome(Enum):
+    """What a shard did with one push (PushReply.Outcome on the wire, same names)."""
+
+    BUFFERED = "buffered"  # sync: in the step being gathered; the quorum is not in yet
+    APPLIED = "applied"  # went into an update (sync: this push completed the quorum)
+    DUPLICATE = "duplicate"  # a repeat of a push still in the buffer
+    ALREADY_APPLIED = "already_applied"  # a repeat of a push long applied or dropped
+    DROPPED = "dropped"  # not applied: its sync step went ahead without it, or the run ended
 
 _NO_END = 2**62  # an end version no run reaches
 
 
 @dataclass(frozen=True)
 class PushResult:
-    outcome: str  # BUFFERED | APPLIED | DUPLICATE | ALREADY_APPLIED | DROPPED
+    outcome: PushOutcome
     version: int  # the shard's version after the push
     staleness: int = 0  # of an async/ssp push applied now: version at apply - step
 
@@ -196,35 +202,36 @@ class Shard:
             if step <= self._last_step[worker_rank]:
                 # A retry whose answer was lost: in the buffer, or long applied/dropped.
                 self._stats.pushes_duplicate += 1
-                outcome = DUPLICATE if step == self._version else ALREADY_APPLIED
+                outcome = (PushOutcome.DUPLICATE if step == self._version
+                           else PushOutcome.ALREADY_APPLIED)
                 return PushResult(outcome, self._version)
             self._last_step[worker_rank] = step
             if self._version >= self._end:
                 self._stats.pushes_after_end += 1
-                return PushResult(DROPPED, self._version)
+                return PushResult(PushOutcome.DROPPED, self._version)
             self._clocks[worker_rank] += 1
             if self.mode.aggregates:
                 return self._gather(worker_rank, step, grads, num_examples, loss)
             staleness = self._version - step
             self._stats.pushes_applied += 1
             self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness))
-            return PushResult(APPLIED, self._version, staleness)
+            return PushResult(PushOutcome.APPLIED, self._version, staleness)
 
     def _gather(self, worker_rank, step, grads, num_examples, loss) -> PushResult:
         """Sync: add to the step being gathered; apply once the quorum is in."""
         if step < self._version:
             # Backup workers: the step was applied without this gradient.
             self._stats.pushes_dropped += 1
-            return PushResult(DROPPED, self._version)
+            return PushResult(PushOutcome.DROPPED, self._version)
         self._buffer.add(worker_rank, grads, num_examples, loss)
         self._stats.pushes_applied += 1
         if len(self._buffer) < self._quorum:
-            return PushResult(BUFFERED, self._version)
+            return PushResult(PushOutcome.BUFFERED, self._version)
         buffer = self._buffer
         mean, loss, num_examples, count = buffer.mean(), buffer.loss, buffer.num_examples, len(buffer)
         buffer.clear()  # before _apply: a checkpoint taken there holds no step in progress
         self._apply(mean, loss, num_examples, 0, count, 1.0)
-        return PushResult(APPLIED, self._version)
+        return PushResult(PushOutcome.APPLIED, self._version)
 
     def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
         """One optimizer update and the new state; version + 1; wake pulls and gates.

@@ -38,11 +38,12 @@ from towerps.errors import BadTensor, ConfigError, PullTimeout, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
+from towerps.ps.shard import PushOutcome
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_OUTCOMES = {v: k.lower() for k, v in pb.PushReply.Outcome.items()}
+_OUTCOMES = {pb.PushReply.Outcome.Value(o.name): o for o in PushOutcome}  # same names
 _SERVICE = f"/{pb.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/"
 
 
@@ -129,9 +130,9 @@ class PSClient:
         grads: Mapping[str, np.ndarray],
         num_examples: int,
         loss: float,
-    ) -> list[str]:
-        """Send each shard its slices of `grads`; returns each shard's outcome
-        ("buffered", "applied", "duplicate", ...)."""
+    ) -> list[PushOutcome]:
+        """Send each shard its slices of `grads`; returns each shard's PushOutcome
+        (BUFFERED, APPLIED, DUPLICATE, ...), by shard index."""
         per_shard = self.plan.split(grads)
         itemsize = self.wire_dtype.itemsize
         payload = sum(a.size for a in grads.values()) * itemsize

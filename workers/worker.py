@@ -31,6 +31,7 @@ import numpy as np
 from towerps.errors import ConfigError
 from towerps.workers.batches import num_examples
 from towerps.ps.modes import Mode
+from towerps.ps.shard import PushOutcome
 from towerps.workers.client import PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.tower import Tower
@@ -131,7 +132,7 @@ class Worker:
             report.compute_s += t2 - t1
             report.push_s += t3 - t2
             report.steps += 1
-            report.pushes_dropped += "dropped" in outcomes
+            report.pushes_dropped += PushOutcome.DROPPED in outcomes
             report.losses.append(loss)
             wanted, own_step = version + 1, own_step + 1
         report.bytes_sent = self.client.bytes_sent

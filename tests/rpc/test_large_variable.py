@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from towerps.ps import PushOutcome
+
 pytestmark = [pytest.mark.rpc, pytest.mark.slow]
 
 
@@ -17,7 +19,7 @@ def test_a_512_mb_variable_round_trips_through_two_shards(serve):
     assert params["big"].shape == big.shape
 
     grads = {"big": np.ones_like(big), "b": np.ones(8, np.float32)}
-    assert client.push(0, 0, grads, num_examples=1, loss=0.0) == ["applied", "applied"]
+    assert client.push(0, 0, grads, num_examples=1, loss=0.0) == [PushOutcome.APPLIED] * 2
     del grads
     _, params = client.pull(1, timeout_s=120.0)
     np.testing.assert_array_equal(params["big"][-1], big[-1] - 1.0)

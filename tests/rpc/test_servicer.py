@@ -5,7 +5,7 @@ import pytest
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.ps import Shard, create_server, make_optimizer, plan_placement
+from towerps.ps import PushOutcome, Shard, create_server, make_optimizer, plan_placement
 from towerps.workers.client import PSClient
 
 from ..shapes import CIFAR10_CNN
@@ -25,7 +25,8 @@ def test_push_and_pull_of_a_gradient_over_4_mib(serve, num_shards):
         np.testing.assert_array_equal(params[name], value)
 
     grads = random_variables(CIFAR10_CNN, seed=1)
-    assert client.push(0, 0, grads, num_examples=128, loss=2.3) == ["applied"] * num_shards
+    outcomes = client.push(0, 0, grads, num_examples=128, loss=2.3)
+    assert outcomes == [PushOutcome.APPLIED] * num_shards
     version, params = client.pull(min_version=1, timeout_s=10.0)
     assert version == 1
     for name in variables:
@@ -75,10 +76,10 @@ def test_client_maps_errors_to_towerps_errors(serve):
 def test_duplicate_push_over_the_wire_is_applied_once(serve):
     client = serve({"w": np.zeros(2, np.float32)}, num_workers=2, lr=1.0)
     grad = {"w": np.ones(2, np.float32)}
-    assert client.push(0, 0, grad, 1, 0.0) == ["buffered"]
-    assert client.push(0, 0, grad, 1, 0.0) == ["duplicate"]
-    assert client.push(1, 0, grad, 1, 0.0) == ["applied"]
-    assert client.push(1, 0, grad, 1, 0.0) == ["already_applied"]
+    assert client.push(0, 0, grad, 1, 0.0) == [PushOutcome.BUFFERED]
+    assert client.push(0, 0, grad, 1, 0.0) == [PushOutcome.DUPLICATE]
+    assert client.push(1, 0, grad, 1, 0.0) == [PushOutcome.APPLIED]
+    assert client.push(1, 0, grad, 1, 0.0) == [PushOutcome.ALREADY_APPLIED]
     _, params = client.pull(1, timeout_s=5.0)
     np.testing.assert_array_equal(params["w"], [-1.0, -1.0])
     (status,) = client.status()

@@ -11,7 +11,7 @@ from towerps.ps.checkpoint import (
 )
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
-from towerps.ps.shard import APPLIED, BUFFERED, DUPLICATE, Shard
+from towerps.ps.shard import PushOutcome, Shard
 
 pytestmark = pytest.mark.unit
 
@@ -94,8 +94,8 @@ def test_a_live_shard_rolls_back_and_replays_to_the_same_weights():
     assert shard.version == 3
     assert [r.version for r in shard.stats()[1].steps] == [1, 2, 3]
     # The exactly-once table went back too: step 3 is taken again, once.
-    assert shard.push(0, 3, grads_for(3, 0), 4, 0.5).outcome == BUFFERED
-    assert shard.push(0, 3, grads_for(3, 0), 4, 0.5).outcome == DUPLICATE
+    assert shard.push(0, 3, grads_for(3, 0), 4, 0.5).outcome == PushOutcome.BUFFERED
+    assert shard.push(0, 3, grads_for(3, 0), 4, 0.5).outcome == PushOutcome.DUPLICATE
     shard.push(2, 3, grads_for(3, 2), 4, 0.5)
     shard.push(1, 3, grads_for(3, 1), 4, 0.5)
     run_steps(shard, 4, 6)
@@ -109,7 +109,7 @@ def test_a_state_holds_no_half_gathered_step():
     state = shard.export_state()
     assert (state.version, state.last_step, state.clocks) == (2, [1, 1, 1], [2, 2, 2])
     resumed = Shard.from_state(state, make_optimizer("adam"))
-    assert resumed.push(1, 2, grads_for(2, 1), 4, 0.5).outcome == BUFFERED  # not DUPLICATE
+    assert resumed.push(1, 2, grads_for(2, 1), 4, 0.5).outcome == PushOutcome.BUFFERED  # not DUPLICATE
 
 
 def test_async_state_keeps_the_exactly_once_table_and_clocks():
@@ -120,8 +120,8 @@ def test_async_state_keeps_the_exactly_once_table_and_clocks():
     state = shard.export_state()
     assert (state.version, state.last_step, state.clocks) == (3, [2, 0], [2, 1])
     resumed = Shard.from_state(state, make_optimizer("adam"), Mode("async"))
-    assert resumed.push(0, 2, grads_for(2, 0), 4, 0.5).outcome == "already_applied"
-    assert resumed.push(1, 3, grads_for(3, 1), 4, 0.5).outcome == APPLIED
+    assert resumed.push(0, 2, grads_for(2, 0), 4, 0.5).outcome == PushOutcome.ALREADY_APPLIED
+    assert resumed.push(1, 3, grads_for(3, 1), 4, 0.5).outcome == PushOutcome.APPLIED
 
 
 def test_a_part_of_another_shard_or_job_is_refused_and_changes_nothing():

@@ -8,7 +8,7 @@ import pytest
 from towerps.errors import ConfigError, PullTimeout
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
-from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DROPPED, Shard
+from towerps.ps.shard import PushOutcome, Shard
 
 pytestmark = pytest.mark.unit
 
@@ -110,7 +110,8 @@ def test_async_applies_each_push_alone_and_records_staleness_exactly():
     for rank, step, value, version, staleness in script:
         result = shard.push(rank, step, g(value), num_examples=32, loss=value)
         expected -= value  # alone: no averaging, no barrier, full lr
-        assert (result.outcome, result.version, result.staleness) == (APPLIED, version, staleness)
+        assert (result.outcome, result.version, result.staleness) == (
+            PushOutcome.APPLIED, version, staleness)
         np.testing.assert_allclose(weights(shard), expected)
     _, stats = shard.stats()
     assert [s.staleness for s in stats.steps] == [0, 0, 2, 0, 1]
@@ -135,7 +136,7 @@ def test_staleness_aware_lr_divides_the_step_by_the_staleness():
 def test_async_repeated_push_is_applied_once():
     shard = make_shard(Mode("async"))
     shard.push(0, 0, g(1.0), 1)
-    assert shard.push(0, 0, g(100.0), 1).outcome == ALREADY_APPLIED
+    assert shard.push(0, 0, g(100.0), 1).outcome == PushOutcome.ALREADY_APPLIED
     np.testing.assert_allclose(weights(shard), [-1.0, -1.0])
     assert shard.stats()[1].pushes_duplicate == 1
 
@@ -145,17 +146,17 @@ def test_async_repeated_push_is_applied_once():
 
 def test_backup_workers_apply_the_first_quorum_and_drop_the_late_push():
     shard = make_shard(Mode("sync", backup_workers=1), num_workers=3)
-    assert shard.push(2, 0, g(1.0), num_examples=1).outcome == BUFFERED
-    assert shard.push(0, 0, g(3.0), num_examples=1).outcome == APPLIED
+    assert shard.push(2, 0, g(1.0), num_examples=1).outcome == PushOutcome.BUFFERED
+    assert shard.push(0, 0, g(3.0), num_examples=1).outcome == PushOutcome.APPLIED
     np.testing.assert_allclose(weights(shard), [-2.0, -2.0])  # mean of the first two only
     late = shard.push(1, 0, g(100.0), num_examples=1)
-    assert (late.outcome, late.version) == (DROPPED, 1)
+    assert (late.outcome, late.version) == (PushOutcome.DROPPED, 1)
     np.testing.assert_allclose(weights(shard), [-2.0, -2.0])
     # The late worker moves on: it pulls the latest version and pushes for it.
     assert shard.pull(1, timeout_s=1.0)[0] == 1
-    assert shard.push(1, 1, g(1.0), 1).outcome == BUFFERED
+    assert shard.push(1, 1, g(1.0), 1).outcome == PushOutcome.BUFFERED
     # A retry of the dropped push changes nothing and is not counted as dropped again.
-    assert shard.push(1, 0, g(100.0), 1).outcome == ALREADY_APPLIED
+    assert shard.push(1, 0, g(100.0), 1).outcome == PushOutcome.ALREADY_APPLIED
     _, stats = shard.stats()
     assert (stats.pushes_dropped, stats.pushes_applied, stats.pushes_duplicate) == (1, 3, 1)
     assert stats.staleness_histogram == [2]  # sync gradients are never stale
@@ -189,7 +190,7 @@ def test_ssp_blocks_a_worker_s_plus_1_ahead_until_the_slowest_catches_up():
 
 def test_ssp_with_bound_0_keeps_workers_in_lockstep_without_averaging():
     shard = make_shard(Mode("ssp", staleness=0))
-    assert shard.push(0, 0, g(1.0), 1).outcome == APPLIED  # applied alone at once
+    assert shard.push(0, 0, g(1.0), 1).outcome == PushOutcome.APPLIED  # applied alone at once
     np.testing.assert_allclose(weights(shard), [-1.0, -1.0])
     assert not shard.may_proceed(0)
     shard.push(1, 0, g(3.0), 1)  # staleness 1: computed on v0, applied at v1
@@ -220,7 +221,7 @@ def test_the_end_opens_every_gate_so_a_stopped_worker_blocks_nobody():
     assert not thread.is_alive() and "error" not in box
     assert shard.may_proceed(1)
     # Past the end, every push is dropped and pulls answer the final version at once.
-    assert shard.push(0, 2, g(1.0), 1).outcome == DROPPED
+    assert shard.push(0, 2, g(1.0), 1).outcome == PushOutcome.DROPPED
     assert shard.pull(min_version=3, timeout_s=30.0)[0] == 2
     assert shard.stats()[1].pushes_after_end == 1
 
@@ -233,6 +234,6 @@ def test_end_at_ends_a_run_early_and_wakes_waiting_pulls():
     thread.join(timeout=30.0)
     # The pull asked for version 1 and got 0: the run is over.
     assert box["result"][0] == 0
-    assert shard.push(1, 0, g(1.0), 1).outcome == DROPPED
+    assert shard.push(1, 0, g(1.0), 1).outcome == PushOutcome.DROPPED
     assert shard.end_at(5) == 0  # an end never moves later
     assert shard.end_version == 0

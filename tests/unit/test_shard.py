@@ -5,7 +5,7 @@ import pytest
 
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.ps.optimizers import make_optimizer
-from towerps.ps.shard import ALREADY_APPLIED, APPLIED, BUFFERED, DUPLICATE, Shard
+from towerps.ps.shard import PushOutcome, Shard
 
 pytestmark = pytest.mark.unit
 
@@ -21,10 +21,10 @@ def grads(value):
 
 def test_step_applies_once_all_workers_pushed_with_example_weighted_average():
     shard = make_shard(num_workers=2, lr=0.5)
-    assert shard.push(0, 0, grads(1.0), num_examples=1, loss=1.0).outcome == BUFFERED
+    assert shard.push(0, 0, grads(1.0), num_examples=1, loss=1.0).outcome == PushOutcome.BUFFERED
     assert shard.version == 0
     result = shard.push(1, 0, grads(4.0), num_examples=3, loss=2.0)
-    assert (result.outcome, result.version) == (APPLIED, 1)
+    assert (result.outcome, result.version) == (PushOutcome.APPLIED, 1)
     # mean gradient = (1*1 + 3*4) / 4 = 3.25; sgd lr 0.5
     version, params = shard.pull(1, timeout_s=1.0)
     assert version == 1
@@ -37,9 +37,9 @@ def test_step_applies_once_all_workers_pushed_with_example_weighted_average():
 def test_repeated_push_is_applied_once():
     shard = make_shard(num_workers=2)
     shard.push(0, 0, grads(1.0), 1)
-    assert shard.push(0, 0, grads(100.0), 1).outcome == DUPLICATE
+    assert shard.push(0, 0, grads(100.0), 1).outcome == PushOutcome.DUPLICATE
     shard.push(1, 0, grads(1.0), 1)
-    assert shard.push(1, 0, grads(100.0), 1).outcome == ALREADY_APPLIED
+    assert shard.push(1, 0, grads(100.0), 1).outcome == PushOutcome.ALREADY_APPLIED
     _, params = shard.pull(1, timeout_s=1.0)
     np.testing.assert_allclose(params["w"], [0.5, 1.5])
     _, stats = shard.stats()
@@ -129,3 +129,10 @@ def test_close_wakes_waiting_pulls():
     shard.close()
     thread.join(timeout=30.0)
     assert len(errors) == 1
+
+
+def test_every_push_outcome_has_a_wire_name_and_the_wire_no_other():
+    from towerps.proto import towerps_pb2 as pb
+
+    wire = set(pb.PushReply.Outcome.keys()) - {"OUTCOME_UNSPECIFIED"}
+    assert {o.name for o in PushOutcome} == wire
