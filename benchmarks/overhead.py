@@ -107,7 +107,8 @@ def keras_model(args, dataset):
     from towerps.ps.optimizers import DEFAULT_LR
     from towerps.workers import build_model
 
-    model = build_model(args.model, dataset.input_shape, dataset.num_classes, seed=0)
+    model = build_model(args.model, dataset.input_shape, dataset.num_classes, seed=0,
+                        input_scale=dataset.input_scale)
     optimizers = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD,
                   "momentum": lambda lr: keras.optimizers.SGD(lr, momentum=0.9)}
     model.compile(optimizer=optimizers[args.optimizer](DEFAULT_LR[args.optimizer]),

@@ -109,7 +109,8 @@ class DataWorker:
 
         shape = model_input_shape(model)
         self.dataset = load_dataset(dataset, input_shape=shape or (28, 28, 1), download=False)
-        self.tower = Tower(build_model(model, self.dataset.input_shape, self.dataset.num_classes, seed))
+        self.tower = Tower(build_model(model, self.dataset.input_shape, self.dataset.num_classes, seed,
+                                       input_scale=self.dataset.input_scale))
         half = batch_size // NUM_WORKERS
         self.batch_size, self.part, self.seed = batch_size, slice(rank * half, (rank + 1) * half), seed
 
@@ -201,7 +202,8 @@ def _tf_rate(args, spec: dict) -> dict:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model = build_model(args.model, dataset.input_shape, dataset.num_classes, seed=0)
+        model = build_model(args.model, dataset.input_shape, dataset.num_classes, seed=0,
+                            input_scale=dataset.input_scale)
         optimizer = keras.optimizers.Adam(DEFAULT_LR["adam"])
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -49,7 +49,8 @@ def main() -> None:
     from towerps.workers.towers import TowerGroup
 
     data = load_dataset("synthetic", seed=0)
-    make = lambda: build_model(args.model, data.input_shape, data.num_classes, seed=0)  # noqa: E731
+    make = lambda: build_model(args.model, data.input_shape, data.num_classes, seed=0,  # noqa: E731
+                               input_scale=data.input_scale)
     slow = f"1:{args.slow_factor:g}"
     # Warm-up 2 steps, shares set after a 5-step window: the warm-up below covers both.
     groups = {mode: TowerGroup.build(make, devices, mode, slow_tower=slow)

@@ -112,7 +112,12 @@ class WorkerJob:
 class WorkerActor:
     """One worker: its data set, its towers (one per device) and its client to every shard."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, verbose: bool = False):
+        from towerps.cluster.logs import import_tensorflow
+
+        # Before any method: unpickling a method's arguments (a WorkerSpec)
+        # already imports TensorFlow, whose start-up lines are noise.
+        import_tensorflow(verbose)
         self._rank = rank
         self._worker = None
 
@@ -135,7 +140,8 @@ class WorkerActor:
             seed=job.seed,
         )
         towers = TowerGroup.build(
-            lambda: build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed),
+            lambda: build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed,
+                                input_scale=dataset.input_scale),
             devices, config.tower_balance, slow_tower=config.slow_tower,
         )
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype)

@@ -11,9 +11,10 @@ print as one line naming the problem and the fix, with exit status 2.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from towerps import __version__
+from towerps.cluster.logs import import_tensorflow, log_to_stderr
 from towerps.errors import TowerpsError
 
 # Choices are repeated here (not imported) so that `towerps --help` and a
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="towerps", description="Parameter-server training of Keras models on Ray."
     )
+    parser.add_argument("--version", action="version", version=f"towerps {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a model (a local Ray cluster by default)")
     _add_job_flags(train)
@@ -101,6 +103,10 @@ def _add_job_flags(parser) -> None:
         "(default), or as they arrive (holds none back)")
     add("--slow-worker", default=None, metavar="RANK:FACTOR",
         help="TEST ONLY: make worker RANK compute FACTOR times slower (straggler studies)")
+    add("--dashboard", action="store_true",
+        help="start Ray's dashboard with the local cluster (a joined cluster has its own)")
+    add("--verbose", action="store_true",
+        help="also show TensorFlow's, absl's and Ray's start-up logs")
     _add_device_flags(parser.add_argument_group("devices of each worker (docs/devices.md)"))
 
 
@@ -150,10 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
-    _log_to_stderr()
+    log_to_stderr(args.verbose)
     try:
         from towerps.cluster.config import TrainConfig
-        from towerps.cluster.driver import train
 
         config = TrainConfig(
             dataset=args.dataset,
@@ -173,8 +178,14 @@ def main(argv: list[str] | None = None) -> int:
             wire_dtype=args.wire_dtype,
             slow_worker=args.slow_worker,
             devices=_device_config(args),
+            dashboard=args.dashboard,
+            verbose=args.verbose,
             **_mode_fields(args),
         )
+        # Flags are checked: only now load TensorFlow (seconds), quietly.
+        import_tensorflow(args.verbose)
+        from towerps.cluster.driver import train
+
         if args.command == "compare":
             return _compare(config, args)
         summary = train(config)
@@ -195,16 +206,6 @@ def _counts(args) -> dict:
     return {"num_workers": 2 if args.num_workers is None else args.num_workers,
             "num_ps": 2 if args.num_ps is None else args.num_ps,
             "per_node": per_node, "min_nodes": args.min_nodes}
-
-
-def _log_to_stderr() -> None:
-    """towerps' own log lines (where shards and workers landed) on stderr."""
-    log = logging.getLogger("towerps")
-    if not log.handlers:  # main() may run more than once in a process (tests)
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("towerps: %(message)s"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
 
 
 def _steps(args) -> int:

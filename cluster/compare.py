@@ -74,7 +74,8 @@ def compare(
     )
     configs = mode_configs(base, modes, run_dir)
     summaries = []
-    with ray_session(base.address, num_cpus=base.num_workers + base.num_ps):
+    with ray_session(base.address, num_cpus=base.num_workers + base.num_ps,
+                     verbose=base.verbose, dashboard=base.dashboard):
         for config in configs:
             summaries.append(train(config, progress))
     report = write_report(run_dir, summaries, target_accuracy)

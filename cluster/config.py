@@ -21,7 +21,7 @@ from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's che
 from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
 from towerps.workers.data import DATASETS
 from towerps.workers.devices import DeviceConfig
-from towerps.workers.models import DEFAULT_MODEL, MODELS
+from towerps.workers.catalog import DEFAULT_MODEL, MODELS
 
 
 @dataclass(frozen=True)
@@ -48,15 +48,30 @@ class TrainConfig:
     lr: float | None = None  # None: the optimizer's default
     seed: int = 0
     address: str | None = None  # None: start a local Ray cluster
-    run_dir: str | None = None  # None: runs/<timestamp>
+    # None: runs/<timestamp>-<mode>-<dataset>. `~` is expanded; joining a
+    # cluster, a relative path is relative to the home directory (a submitted
+    # job's working directory is a temporary folder).
+    run_dir: str | None = None
     log_every: int = 10  # steps between metrics.jsonl records
     wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
     slow_worker: str | None = None  # TEST ONLY: "RANK:FACTOR" slows one worker's compute
     pull_timeout_s: float = 300.0
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    verbose: bool = False  # show TensorFlow's, absl's and Ray's start-up logs
+    dashboard: bool = False  # local mode: start Ray's dashboard too
 
     def __post_init__(self):
+        # A quoted '~/runs' (ray job submit, YAML) reaches us unexpanded.
+        for name in ("data_dir", "run_dir"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, os.path.expanduser(value))
+        if self.data_dir is not None and not os.path.isdir(self.data_dir):
+            raise ConfigError(
+                f"--data-dir {self.data_dir!r} is not a directory; create it (a missing data "
+                "set is downloaded into it), or name the folder that holds the data set"
+            )
         _choice("--dataset", self.dataset, DATASETS)
         if self.model is not None:
             _choice("--model", self.model, MODELS)
@@ -137,7 +152,12 @@ class TrainConfig:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     def resolved_run_dir(self, now: str) -> str:
-        return self.run_dir or os.path.join("runs", f"{now}-{self.mode.name}-{self.dataset}")
+        """Where results go: `run_dir`, or runs/<now>-<mode>-<dataset>; joining a
+        cluster (`address`), a relative path is taken from the home directory."""
+        path = self.run_dir or os.path.join("runs", f"{now}-{self.mode.name}-{self.dataset}")
+        if self.address is not None and not os.path.isabs(path):
+            path = os.path.join(os.path.expanduser("~"), path)
+        return path
 
     def to_dict(self) -> dict:
         """JSON values: the mode as its CLI flags, in the mode's place."""

@@ -37,7 +37,7 @@ from towerps.cluster.session import ray_session
 from towerps.cluster.summary import Evaluation, RunSummary, Staleness, WorkerTime
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.workers.data import DataSet
-from towerps.workers.models import model_input_shape
+from towerps.workers.models import compile_model, model_input_shape
 
 
 def train(config: TrainConfig, progress: bool | None = None) -> RunSummary:
@@ -50,7 +50,8 @@ def train(config: TrainConfig, progress: bool | None = None) -> RunSummary:
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     prepared = prepare(config)
     t_start = time.time()
-    with ray_session(config.address, num_cpus=config.num_workers + config.num_ps):
+    with ray_session(config.address, num_cpus=config.num_workers + config.num_ps,
+                     verbose=config.verbose, dashboard=config.dashboard):
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
         with Job.start(config, prepared.initial, run_dir) as job:
             trained = job.run(progress)
@@ -81,7 +82,8 @@ def prepare(config: TrainConfig) -> Prepared:
         download=config.download,
         seed=config.seed,
     )
-    model = build_model(config.model_name, dataset.input_shape, dataset.num_classes, config.seed)
+    model = build_model(config.model_name, dataset.input_shape, dataset.num_classes, config.seed,
+                        input_scale=dataset.input_scale)
     tower = Tower(model)
     return Prepared(dataset, model, tower, tower.get_weights())
 
@@ -98,8 +100,10 @@ def evaluate_run(config: TrainConfig, prepared: Prepared, trained: Trained) -> l
 
 
 def save(prepared: Prepared, trained: Trained, summary: RunSummary) -> None:
-    """model.keras (the final parameters) and summary.json into the run directory."""
+    """model.keras (the final parameters, compiled with the run's optimizer, so
+    `fit` goes on as trained) and summary.json into the run directory."""
     prepared.tower.set_weights(trained.params)
+    compile_model(prepared.model, summary.optimizer, summary.lr)
     prepared.model.save(os.path.join(summary.run_dir, "model.keras"))
     summary.write()
 

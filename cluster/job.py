@@ -61,7 +61,7 @@ class Job:
             for k in range(config.num_ps)
         ]
         self.workers = [
-            WorkerActor.options(**reservation.worker_options(r)).remote(r)
+            WorkerActor.options(**reservation.worker_options(r)).remote(r, config.verbose)
             for r in range(config.num_workers)
         ]
         self.addresses: tuple[str, ...] = ()

@@ -17,6 +17,7 @@ deploy/README.md) and only names it when joining fails.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -25,23 +26,28 @@ from contextlib import contextmanager
 
 import ray
 
+from towerps.cluster.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
 
-# Actors print through the driver; TensorFlow's C++ start-up chatter is noise.
-ACTOR_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+log = logging.getLogger("towerps")
 NODE_WAIT_TIMEOUT_S = 900.0  # cloud nodes take minutes to boot and install
 NODE_POLL_S = 2.0
 
 
 @contextmanager
-def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[None]:
+def ray_session(address: str | None, num_cpus: int | None = None,
+                verbose: bool = False, dashboard: bool = False) -> Iterator[None]:
+    """Ray for the block; `verbose` shows Ray's and TensorFlow's start-up logs;
+    `dashboard` starts Ray's dashboard with a local cluster."""
     if ray.is_initialized():
         yield
         return
+    runtime_env = {"env_vars": actor_env(verbose)}
     if address:
         _check_reachable(address)
         try:
-            ray.init(address=address, runtime_env={"env_vars": ACTOR_ENV}, log_to_driver=True)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True,
+                     logging_level=ray_logging_level(verbose))
         except ConnectionError as err:
             mode = os.environ.get("RAY_AUTH_MODE", "unset")
             raise ClusterError(
@@ -50,21 +56,33 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[No
                 "and provide its token (~/.ray/auth_token or RAY_AUTH_TOKEN); otherwise start "
                 "one with `ray start --head`, or omit --address to run locally"
             ) from None
+        log.info("%s", joined_cluster(address))
     else:
         # Local mode: logical CPUs may exceed the cores so that every actor
         # fits; each one is mostly waiting on the others in sync training.
         # address="local" always starts a new instance: a plain ray.init()
         # would join the latest cluster `ray start` left on this machine.
-        ray.init(
+        context = ray.init(
             address="local",
             num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
-            include_dashboard=False,
-            runtime_env={"env_vars": ACTOR_ENV},
+            include_dashboard=dashboard,
+            runtime_env=runtime_env,
+            logging_level=ray_logging_level(verbose),
         )
+        if dashboard:
+            log.info("Ray dashboard at http://%s", context.dashboard_url)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def joined_cluster(asked: str) -> str:
+    """One line saying which Ray cluster `--address asked` joined: where, which nodes."""
+    alive = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
+    gcs = ray.get_runtime_context().gcs_address
+    return (f"joined the Ray cluster at {gcs} (--address {asked}): {len(alive)} node(s) "
+            f"alive: {', '.join(alive)}")
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

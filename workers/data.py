@@ -57,12 +57,18 @@ _MODEL_SHAPES = {"fashion_mnist": (28, 28, 1), "cifar10": (_CIFAR_CROP, _CIFAR_C
 @dataclass(frozen=True, eq=False)
 class DataSet:
     name: str  # one of DATASETS
-    x_train: np.ndarray  # (N, H, W, C): float32 in [0, 1], or uint8 for cifar10 (32x32)
+    # (N, H, W, C): raw uint8 pixels for fashion_mnist and cifar10 (32x32),
+    # float32 for synthetic.
+    x_train: np.ndarray
     y_train: np.ndarray  # (N,) int32
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
     input_shape: tuple  # (H, W, C) of one example as the model sees it
+    # What the model must multiply its inputs by (fashion_mnist: 1/255, its
+    # pixels come raw); None: batches are ready as they are (cifar10 is
+    # standardised here, per image).
+    input_scale: float | None = None
     # The last epoch's permutation and the preprocessed test set. A dict is
     # mutable inside the frozen instance; each entry is replaced in a single
     # assignment, so threads racing on it at worst compute a value twice.
@@ -112,13 +118,16 @@ class DataSet:
         return x.astype(np.float32, copy=False), self.y_train[rows]
 
     def test_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The test set as evaluation sees it (cifar10: center 24x24 crop and
-        per-image standardisation). Read-only arrays, computed once."""
-        if self.name != "cifar10":
+        """The test set as evaluation sees it, float32 (cifar10: center 24x24
+        crop and per-image standardisation). Read-only arrays, computed once."""
+        if self.name == "synthetic":
             return self.x_test, self.y_test
         if "test" not in self._cache:
-            c = (_CIFAR_SIDE - _CIFAR_CROP) // 2
-            x = _standardize(self.x_test[:, c:c + _CIFAR_CROP, c:c + _CIFAR_CROP])
+            if self.name == "cifar10":
+                c = (_CIFAR_SIDE - _CIFAR_CROP) // 2
+                x = _standardize(self.x_test[:, c:c + _CIFAR_CROP, c:c + _CIFAR_CROP])
+            else:
+                x = self.x_test.astype(np.float32)
             x.flags.writeable = False
             self._cache["test"] = x
         return self._cache["test"], self.y_test
@@ -177,8 +186,11 @@ def load_fashion_mnist(data_dir: str | None = None, *, download: bool = True,
             raise BadTensor(f"{x_path} and {y_path}: expected n 28x28 images and n labels in "
                             f"0..9, found images {x.shape} and labels {y.shape} up to "
                             f"{y.max() if y.size else None}; fetch the Fashion-MNIST files again")
-    return DataSet("fashion_mnist", _unit_float(x_train), y_train.astype(np.int32),
-                   _unit_float(x_test), y_test.astype(np.int32), 10, _MODEL_SHAPES["fashion_mnist"])
+    # Raw pixels: the model scales them (a Rescaling layer), so a saved model
+    # takes the images as they are.
+    return DataSet("fashion_mnist", x_train[..., None], y_train.astype(np.int32),
+                   x_test[..., None], y_test.astype(np.int32), 10, _MODEL_SHAPES["fashion_mnist"],
+                   input_scale=1 / 255)
 
 
 def load_cifar10(data_dir: str | None = None, *, download: bool = True, url: str = CIFAR10_URL,
@@ -295,11 +307,6 @@ def _standardize(x: np.ndarray) -> np.ndarray:
     flat = x.reshape(len(x), per_image).astype(np.float64)
     std = np.maximum(flat.std(axis=1, keepdims=True), 1 / math.sqrt(per_image))
     return ((flat - flat.mean(axis=1, keepdims=True)) / std).astype(np.float32).reshape(x.shape)
-
-
-def _unit_float(images: np.ndarray) -> np.ndarray:
-    """uint8 (n, H, W) -> float32 (n, H, W, 1) in [0, 1]."""
-    return (images.astype(np.float32) / 255.0)[..., None]
 
 
 def _fashion_paths(folder: Path) -> list[Path] | None:

@@ -20,12 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from towerps.errors import ConfigError
-
-MODELS = ("mlp", "cnn", "cifar10_cnn")
-DEFAULT_MODEL = {"fashion_mnist": "mlp", "cifar10": "cifar10_cnn", "synthetic": "mlp"}
-
-# Models whose layer sizes (and parameter count) assume one input shape.
-_FIXED_INPUT_SHAPE = {"cifar10_cnn": (24, 24, 3)}
+# Names and shapes live apart so that checking a flag needs no TensorFlow.
+from towerps.workers.catalog import (  # noqa: F401  (re-exported)
+    DEFAULT_MODEL, FIXED_INPUT_SHAPE, MODELS, check_model_name, model_input_shape,
+)
 # Two valid 3x3 convs and two 2x2 pools need at least 10 pixels a side.
 _CNN_MIN_SIDE = 10
 
@@ -58,18 +56,20 @@ class LocalResponseNormalization(keras.layers.Layer):
                 "bias": self.bias, "alpha": self.alpha, "beta": self.beta}
 
 
-def model_input_shape(name: str) -> tuple | None:
-    """The input shape model `name` requires, or None if it adapts to the data."""
-    _check_name(name)
-    return _FIXED_INPUT_SHAPE.get(name)
+def build_model(name: str, input_shape: tuple, num_classes: int, seed: int,
+                input_scale: float | None = None) -> keras.Model:
+    """Model `name` with seeded initial weights, built and compiled; outputs logits.
 
-
-def build_model(name: str, input_shape: tuple, num_classes: int, seed: int) -> keras.Model:
-    """Model `name` with seeded initial weights, built and compiled; outputs logits."""
-    _check_name(name)
+    `input_scale` (a data set's `input_scale`, e.g. 1/255 for raw pixels) puts
+    a Rescaling layer first, so the model (and a saved model.keras) takes the
+    data as it comes; it holds no variables.
+    """
+    check_model_name(name)
     input_shape = _check_args(name, input_shape, num_classes, seed)
     inits = _Initializers(seed)
     layers = _LAYERS[name](num_classes, inits)
+    if input_scale is not None:
+        layers = [keras.layers.Rescaling(input_scale, name="rescale"), *layers]
     # Functional, not Sequential: Sequential builds its layers under the model's
     # name scope ("mlp/fc1/kernel") but load_model rebuilds them outside it
     # ("fc1/kernel"); functional models give "fc1/kernel" both ways.
@@ -77,12 +77,35 @@ def build_model(name: str, input_shape: tuple, num_classes: int, seed: int) -> k
     for layer in layers:
         outputs = layer(outputs)
     model = keras.Model(inputs, outputs, name=name)
-    # Training happens on the shards; the optimizer here only makes a saved
-    # model.keras evaluable (and trainable) by plain Keras.
-    model.compile(optimizer=keras.optimizers.SGD(),
+    compile_model(model)
+    return model
+
+
+def compile_model(model: keras.Model, optimizer: str = "sgd", lr: float | None = None) -> None:
+    """Compile `model` with the Keras twin of a towerps optimizer (ps/optimizers.py:
+    the same update rule and defaults), the loss on logits, and accuracy.
+
+    Training happens on the shards; this makes a saved model.keras evaluate,
+    and continue training with `fit`, under the run's own optimizer. The
+    optimizer's state (moments) stays on the shards: `fit` starts it afresh.
+    """
+    from towerps.ps.optimizers import DEFAULT_LR
+
+    lr = DEFAULT_LR.get(optimizer, 0.0) if lr is None else lr
+    keras_optimizers = {
+        "sgd": lambda: keras.optimizers.SGD(lr),
+        "momentum": lambda: keras.optimizers.SGD(lr, momentum=0.9),
+        "adam": lambda: keras.optimizers.Adam(lr),
+    }
+    if optimizer not in keras_optimizers:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of "
+                          f"{', '.join(keras_optimizers)}")
+    model.compile(optimizer=keras_optimizers[optimizer](),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    return model
+    # Built now, its (zero) slots are saved too: load_model finds every
+    # variable it expects instead of warning that it skipped them.
+    model.optimizer.build(model.trainable_variables)
 
 
 class _Initializers:
@@ -172,11 +195,6 @@ def _cifar10_cnn(num_classes, inits):
 _LAYERS = {"mlp": _mlp, "cnn": _cnn, "cifar10_cnn": _cifar10_cnn}
 
 
-def _check_name(name: str) -> None:
-    if name not in _LAYERS:
-        raise ConfigError(f"unknown model {name!r}; choose one of {MODELS}")
-
-
 def _check_args(name, input_shape, num_classes, seed) -> tuple:
     """The validated input shape, as a tuple of ints."""
     try:
@@ -187,7 +205,7 @@ def _check_args(name, input_shape, num_classes, seed) -> tuple:
     if not shape or min(shape) <= 0:
         raise ConfigError(f"input_shape={input_shape!r} must be a tuple of positive ints, "
                           "e.g. (28, 28, 1)")
-    fixed = _FIXED_INPUT_SHAPE.get(name)
+    fixed = FIXED_INPUT_SHAPE.get(name)
     if fixed is not None and shape != fixed:
         raise ConfigError(f"model {name!r} needs input shape {fixed}, got {shape}; "
                           f"crop or resize the data to {fixed} or pick another model")

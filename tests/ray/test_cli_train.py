@@ -5,7 +5,10 @@ import pathlib
 import subprocess
 import sys
 
+import keras
 import pytest
+
+from towerps.workers.data import load_fashion_mnist
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -23,5 +26,12 @@ def test_fashion_mnist_1000_steps_reaches_85_percent(tmp_path):
     assert summary["steps"] == 1000
     assert summary["test_accuracy"] >= 0.85
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 100
-    assert (tmp_path / "model.keras").is_file()
     assert f"test accuracy {summary['test_accuracy']:.4f}" in run.stdout
+    # model.keras takes raw pixels and goes on with the run's optimizer.
+    model = keras.models.load_model(tmp_path / "model.keras")
+    assert type(model.optimizer) is keras.optimizers.Adam
+    x_test, y_test = load_fashion_mnist(download=False).test_arrays()
+    _, accuracy = model.evaluate(x_test, y_test, batch_size=1024, verbose=0)
+    assert x_test.max() == 255 and accuracy == pytest.approx(summary["test_accuracy"], abs=1e-4)
+    # Quiet: towerps' own lines only, none of TensorFlow's or Ray's start-up.
+    assert all(line.startswith("towerps: ") for line in run.stderr.splitlines()), run.stderr

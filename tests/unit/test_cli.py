@@ -5,12 +5,13 @@ import pytest
 from towerps.cluster import cli
 from towerps.cluster.config import MODES, TrainConfig
 from towerps.errors import ConfigError
-from towerps.ps.modes import SUM_ORDERS
-from towerps.ps.modes import Mode
+from towerps.ps.modes import SUM_ORDERS, Mode
 from towerps.ps.optimizers import OPTIMIZERS
-from towerps.workers.data import DATASETS
-from towerps.workers.models import MODELS
 from towerps.wire import WIRE_DTYPES
+from towerps.workers.catalog import MODELS
+from towerps.workers.data import DATASETS
+
+from tests.unit.fresh import run_fresh
 
 pytestmark = pytest.mark.unit
 
@@ -56,6 +57,7 @@ def test_unknown_values_are_refused_by_the_parser(capsys, argv, message):
         (["--staleness-lr"], "--staleness-lr scales late gradients of --mode async or ssp"),
         (["--backup-workers", "2", "--num-workers", "2"], "must be below --num-workers 2"),
         (["--budget-s", "0"], "--budget-s must be positive"),
+        (["--data-dir", "/nonexistent/towerps-data"], "'/nonexistent/towerps-data' is not a directory"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(capsys, tmp_path, argv, message):
@@ -117,3 +119,45 @@ def test_the_config_holds_one_mode_and_writes_it_as_the_cli_s_flags():
     for bad, message in ((3, "is not a Mode"), ("ssp", "mode 'ssp' is not known")):
         with pytest.raises(ConfigError, match=message):
             TrainConfig(mode=bad)
+
+
+def test_version_is_printed(capsys):
+    from towerps import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"towerps {__version__}"
+
+
+def test_a_bad_flag_is_refused_without_importing_tensorflow():
+    result = run_fresh("""
+        import contextlib, io, json, sys
+        from towerps.cluster import cli
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = cli.main(["train", "--batch-size", "127", "--num-workers", "2"])
+        print(json.dumps({"code": code, "err": err.getvalue(),
+                          "tensorflow": "tensorflow" in sys.modules, "ray": "ray" in sys.modules}))
+    """)
+    assert result["code"] == 2 and "--batch-size 127" in result["err"]
+    assert not result["tensorflow"] and not result["ray"]
+
+
+def test_home_is_expanded_in_run_and_data_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "data").mkdir()
+    config = TrainConfig(run_dir="~/runs/fm", data_dir="~/data")
+    assert config.run_dir == str(tmp_path / "runs" / "fm")
+    assert config.data_dir == str(tmp_path / "data")
+    assert config.resolved_run_dir("now") == str(tmp_path / "runs" / "fm")
+
+
+def test_joining_a_cluster_puts_a_relative_run_dir_under_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert TrainConfig(run_dir="runs/fm").resolved_run_dir("t") == "runs/fm"
+    joined = TrainConfig(run_dir="runs/fm", address="10.0.0.1:6379")
+    assert joined.resolved_run_dir("t") == str(tmp_path / "runs" / "fm")
+    assert TrainConfig(address="auto").resolved_run_dir("t") == str(
+        tmp_path / "runs" / "t-sync-fashion_mnist")
+    assert TrainConfig(run_dir="/abs/fm", address="auto").resolved_run_dir("t") == "/abs/fm"

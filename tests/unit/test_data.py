@@ -93,7 +93,12 @@ def test_debian_fashion_mnist_is_found_and_parses_in_full(tmp_path):
     assert DEBIAN_FASHION.is_dir(), "CI installs Debian's dataset-fashion-mnist package"
     ds = load_dataset("fashion_mnist", str(tmp_path), input_shape=(28, 28, 1), download=False)
     assert ds.x_train.shape == (60000, 28, 28, 1) and ds.x_test.shape == (10000, 28, 28, 1)
-    assert ds.x_train.dtype == np.float32 and 0 <= ds.x_train.min() < ds.x_train.max() <= 1
+    # Raw pixels: the models scale them (input_scale), so a saved model takes images as they are.
+    assert ds.x_train.dtype == np.uint8 and ds.x_train.max() == 255 and ds.input_scale == 1 / 255
+    x, _ = ds.train_batch(0, 0, 32, slice(0, 32))
+    assert x.dtype == np.float32 and x.max() > 1
+    x_test, _ = ds.test_arrays()
+    assert x_test.dtype == np.float32 and x_test.shape == (10000, 28, 28, 1)
     assert ds.y_train.dtype == np.int32 and set(np.unique(ds.y_train)) == set(range(10))
     assert np.bincount(ds.y_test).tolist() == [1000] * 10
     assert ds.input_shape == (28, 28, 1) and ds.num_classes == 10
@@ -102,7 +107,7 @@ def test_debian_fashion_mnist_is_found_and_parses_in_full(tmp_path):
 def test_fashion_found_under_data_dir_fashion_mnist_plain_or_gz(tmp_path):
     arrays = write_fashion(tmp_path / "fashion-mnist", gz=False)
     ds = load_fashion_mnist(tmp_path, download=False, system_dirs=())
-    np.testing.assert_array_equal(ds.x_train[..., 0], arrays["train-images-idx3-ubyte"].astype(np.float32) / 255)
+    np.testing.assert_array_equal(ds.x_train[..., 0], arrays["train-images-idx3-ubyte"])
     np.testing.assert_array_equal(ds.y_test, arrays["t10k-labels-idx1-ubyte"])
 
 

@@ -14,6 +14,7 @@ from towerps.workers.models import (
     MODELS,
     LocalResponseNormalization,
     build_model,
+    compile_model,
     model_input_shape,
 )
 
@@ -148,3 +149,33 @@ def test_fixed_shape_model_names_both_shapes():
 def test_bad_arguments_raise_config_error(name, shape, classes, seed):
     with pytest.raises(ConfigError):
         build_model(name, shape, classes, seed)
+
+
+def test_input_scale_puts_a_rescaling_layer_first_without_variables():
+    raw = np.random.default_rng(1).integers(0, 256, (4, 28, 28, 1)).astype(np.float32)
+    scaled = build_model("cnn", (28, 28, 1), 10, seed=2, input_scale=1 / 255)
+    plain = build_model("cnn", (28, 28, 1), 10, seed=2)
+    assert isinstance(scaled.layers[1], keras.layers.Rescaling)
+    assert [v.path for v in scaled.trainable_variables] == [v.path for v in plain.trainable_variables]
+    np.testing.assert_allclose(scaled(raw), plain(raw / 255), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer, kind, momentum", [
+    ("sgd", keras.optimizers.SGD, 0.0), ("momentum", keras.optimizers.SGD, 0.9),
+    ("adam", keras.optimizers.Adam, None)])
+def test_a_saved_model_keeps_the_runs_optimizer(tmp_path, optimizer, kind, momentum):
+    model = build_model("mlp", (28, 28, 1), 10, seed=0, input_scale=1 / 255)
+    compile_model(model, optimizer, lr=0.0125)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert type(loaded.optimizer) is kind
+    assert float(loaded.optimizer.learning_rate) == pytest.approx(0.0125)
+    if momentum is not None:
+        assert loaded.optimizer.momentum == momentum
+    x = np.random.default_rng(0).integers(0, 256, (8, 28, 28, 1)).astype(np.float32)
+    loaded.fit(x, np.zeros(8, dtype=np.int64), verbose=0, epochs=1)  # it goes on training
+
+
+def test_an_unknown_optimizer_is_refused():
+    with pytest.raises(ConfigError, match="choose one of sgd, momentum, adam"):
+        compile_model(build_model("mlp", (8,), 3, seed=0), "rmsprop")

@@ -1,0 +1,93 @@
+"""What a run prints: towerps' own lines, and the start-up noise of others hidden.
+
+    log_to_stderr(verbose=False)          # the CLI, once
+    with quiet_native_stderr():           # around `import tensorflow`
+        import tensorflow
+
+By default a run shows towerps' lines, the progress bar and errors. TensorFlow
+and absl write their start-up lines (oneDNN, CPU features, "All log messages
+before absl::InitializeLog()") from C++ straight to file descriptor 2, past
+`TF_CPP_MIN_LOG_LEVEL`, so `quiet_native_stderr` catches the descriptor itself
+while TensorFlow loads and writes back every line that is not such noise.
+Ray's own start-up lines go through its Python logger (`ray_logging_level`).
+`--verbose` shows everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+
+# Lines TensorFlow and absl print while loading, whatever the log level.
+_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|I\d{4} [\d:. ]+\d+ \S+:\d+\]"  # absl/glog INFO lines: I0000 00:00:17.. 123 port.cc:153]
+    r"|To enable the following instructions:)"
+)
+
+
+def is_noise(line: str) -> bool:
+    """Whether a line of stderr is TensorFlow/absl start-up chatter."""
+    return bool(_NOISE.match(line))
+
+
+@contextlib.contextmanager
+def quiet_native_stderr(enabled: bool = True) -> Iterator[None]:
+    """Hold file descriptor 2 in a temporary file for the block, then write back
+    the lines that are not start-up noise (an import error's text survives).
+
+    Not for long blocks: another thread's stderr is delayed until the end.
+    """
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode(errors="replace")
+            kept = [line for line in text.splitlines(keepends=True) if not is_noise(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def import_tensorflow(verbose: bool) -> None:
+    """Import TensorFlow and Keras now, quietly unless `verbose`."""
+    with quiet_native_stderr(not verbose):
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
+
+def ray_logging_level(verbose: bool) -> int:
+    """`ray.init(logging_level=...)`: Ray's start-up lines only with --verbose."""
+    return logging.INFO if verbose else logging.ERROR
+
+
+def actor_env(verbose: bool) -> dict[str, str]:
+    """Environment of every actor: TensorFlow's C++ logs above INFO unless verbose."""
+    return {"TF_CPP_MIN_LOG_LEVEL": "0" if verbose else "2"}
+
+
+def log_to_stderr(verbose: bool = False) -> None:
+    """towerps' own log lines (where shards and workers landed) on stderr, once;
+    with `verbose`, also debug lines. Quiets TensorFlow's C++ logs in this process."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    log = logging.getLogger("towerps")
+    if not log.handlers:  # main() may run more than once in a process (tests)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("towerps: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)

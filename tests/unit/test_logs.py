@@ -1,0 +1,56 @@
+"""Quiet by default: TensorFlow's and absl's start-up lines are held back, nothing else."""
+
+import os
+
+import pytest
+
+from towerps.cluster.logs import is_noise, quiet_native_stderr
+
+pytestmark = pytest.mark.unit
+
+NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+    "I0000 00:00:1796091787.760516   11541 port.cc:153] oneDNN custom operations are on. You may "
+    "see slightly different numerical results\n",
+    "I0000 00:00:1796091787.829636   11541 cpu_feature_guard.cc:227] This TensorFlow binary is "
+    "optimized to use available CPU instructions\n",
+    "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow\n",
+]
+KEPT = [
+    "E0000 00:00:1796091787.829636   11541 cuda_executor.cc:1] failed call to cuInit\n",
+    "Traceback (most recent call last):\n",
+    "ImportError: libcudart.so.12: cannot open shared object file\n",
+    "towerps: worker 0 on node 127.0.0.1\n",
+]
+
+
+@pytest.mark.parametrize("line", NOISE)
+def test_start_up_chatter_is_noise(line):
+    assert is_noise(line)
+
+
+@pytest.mark.parametrize("line", KEPT)
+def test_errors_and_other_lines_are_not_noise(line):
+    assert not is_noise(line)
+
+
+def test_native_stderr_keeps_all_but_the_noise(capfd):
+    with quiet_native_stderr():
+        for line in NOISE + KEPT:
+            os.write(2, line.encode())
+    err = capfd.readouterr().err
+    assert err == "".join(KEPT)
+
+
+def test_verbose_lets_everything_through(capfd):
+    with quiet_native_stderr(enabled=False):
+        os.write(2, NOISE[0].encode())
+    assert capfd.readouterr().err == NOISE[0]
+
+
+def test_the_descriptor_is_restored_after_an_error(capfd):
+    with pytest.raises(RuntimeError), quiet_native_stderr():
+        os.write(2, KEPT[2].encode())
+        raise RuntimeError("import failed")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == KEPT[2] + "after\n"

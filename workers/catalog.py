@@ -1,0 +1,29 @@
+"""The built-in models by name, and the input shapes they require, without TensorFlow.
+
+    model_input_shape("cifar10_cnn")   # (24, 24, 3); None: the model adapts to the data
+
+The configuration and the command line check names here, so a bad flag is
+refused before TensorFlow (seconds to import) is loaded; `models.py` builds
+the models themselves.
+"""
+
+from __future__ import annotations
+
+from towerps.errors import ConfigError
+
+MODELS = ("mlp", "cnn", "cifar10_cnn")
+DEFAULT_MODEL = {"fashion_mnist": "mlp", "cifar10": "cifar10_cnn", "synthetic": "mlp"}
+
+# Models whose layer sizes (and parameter count) assume one input shape.
+FIXED_INPUT_SHAPE = {"cifar10_cnn": (24, 24, 3)}
+
+
+def check_model_name(name: str) -> None:
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; choose one of {MODELS}")
+
+
+def model_input_shape(name: str) -> tuple | None:
+    """The input shape model `name` requires, or None if it adapts to the data."""
+    check_model_name(name)
+    return FIXED_INPUT_SHAPE.get(name)
