@@ -5,9 +5,10 @@
 
 `train` reads top to bottom as the run does:
 
- 1. prepare   load the data set and build the model here: a bad flag or a
-              missing data set fails now, before any actor starts;
- 2. start     place the variables on shards, start the shard and worker
+ 1. prepare   load the data set, build the model and plan which shard holds
+              which variable, here: a bad flag or a missing data set fails
+              now, before Ray or any actor starts;
+ 2. start     put the variables on the shards, start the shard and worker
               actors and set them up (cluster/job.py);
  3. run       run the workers while watching the shards' update log for the
               progress bar and metrics.jsonl (cluster/monitor.py); a worker
@@ -35,6 +36,7 @@ from towerps.cluster.job import Job, Trained
 from towerps.cluster.placement import fit_to_cluster
 from towerps.cluster.session import ray_session
 from towerps.cluster.summary import Evaluation, RunSummary, Staleness, WorkerTime
+from towerps.ps.placement import PlacementPlan, plan_placement
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.workers.data import DataSet
 from towerps.workers.models import compile_model, model_input_shape
@@ -53,7 +55,8 @@ def train(config: TrainConfig, progress: bool | None = None) -> RunSummary:
     with ray_session(config.address, num_cpus=config.num_workers + config.num_ps,
                      verbose=config.verbose, dashboard=config.dashboard):
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
-        with Job.start(config, prepared.initial, run_dir) as job:
+        plan = prepared.plan_for(config.num_ps)
+        with Job.start(config, plan, prepared.initial, run_dir) as job:
             trained = job.run(progress)
     evals = evaluate_run(config, prepared, trained)
     summary = summarize(config, prepared, job, trained, evals,
@@ -71,10 +74,18 @@ class Prepared:
     model: keras.Model
     tower: Tower
     initial: dict[str, np.ndarray]
+    plan: PlacementPlan  # which shard holds which variable, for --num-ps shards
+
+    def plan_for(self, num_shards: int) -> PlacementPlan:
+        """The plan for `num_shards` (joining a cluster may change the count)."""
+        if num_shards == self.plan.num_shards:
+            return self.plan
+        return plan_placement({n: w.shape for n, w in self.initial.items()}, num_shards)
 
 
 def prepare(config: TrainConfig) -> Prepared:
-    """Load the data set (downloading where allowed) and build the model. No Ray."""
+    """Load the data set (downloading where allowed), build the model and plan
+    its placement on the shards. No Ray: bad input fails here, before it starts."""
     dataset = load_dataset(
         config.dataset,
         config.data_dir,
@@ -85,7 +96,9 @@ def prepare(config: TrainConfig) -> Prepared:
     model = build_model(config.model_name, dataset.input_shape, dataset.num_classes, config.seed,
                         input_scale=dataset.input_scale)
     tower = Tower(model)
-    return Prepared(dataset, model, tower, tower.get_weights())
+    initial = tower.get_weights()
+    plan = plan_placement({n: w.shape for n, w in initial.items()}, config.num_ps)
+    return Prepared(dataset, model, tower, initial, plan)
 
 
 def evaluate_run(config: TrainConfig, prepared: Prepared, trained: Trained) -> list[Evaluation]:

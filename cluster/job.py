@@ -1,6 +1,6 @@
 """The actors of one run: start them, run them to the end, stop them.
 
-    with Job.start(config, initial, run_dir) as job:  # shards serving, workers set up
+    with Job.start(config, plan, initial, run_dir) as job:  # shards serving, workers set up
         trained = job.run(progress)                   # blocks until every worker is done
     # every actor is stopped and the placement group released, whatever happened
 
@@ -28,7 +28,7 @@ from towerps.cluster.config import TrainConfig
 from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
 from towerps.errors import ClusterError, TowerpsError
-from towerps.ps.placement import PlacementPlan, plan_placement
+from towerps.ps.placement import PlacementPlan
 from towerps.workers import PSClient, WorkerSpec
 
 FINAL_PULL_TIMEOUT_S = 60.0
@@ -68,13 +68,13 @@ class Job:
         self.records: list[dict] = []  # where each shard and worker landed (summary "placement")
 
     @classmethod
-    def start(cls, config: TrainConfig, initial: dict[str, np.ndarray], run_dir: str) -> Job:
-        """Place `initial` on the shards and set every worker up; blocks until ready.
+    def start(cls, config: TrainConfig, plan: PlacementPlan, initial: dict[str, np.ndarray],
+              run_dir: str) -> Job:
+        """Place `initial` on the shards by `plan` and set every worker up; blocks until ready.
 
         Raises the first actor's TowerpsError (a missing data set on a node, a
         GPU TensorFlow cannot see), after stopping everything it started.
         """
-        plan = plan_placement({n: w.shape for n, w in initial.items()}, config.num_ps)
         job = cls(config, plan, run_dir, reserve(config))
         try:
             os.makedirs(run_dir, exist_ok=True)
