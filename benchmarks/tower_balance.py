@@ -46,6 +46,7 @@ def main() -> None:
 
     devices = configure_devices(DeviceConfig(cpu_towers=2))
     from towerps.workers import build_model, load_dataset
+    from towerps.workers.faults import Faults, parse_slow
     from towerps.workers.towers import TowerGroup
 
     data = load_dataset("synthetic", seed=0)
@@ -53,7 +54,8 @@ def main() -> None:
                                input_scale=data.input_scale)
     slow = f"1:{args.slow_factor:g}"
     # Warm-up 2 steps, shares set after a 5-step window: the warm-up below covers both.
-    groups = {mode: TowerGroup.build(make, devices, mode, slow_tower=slow)
+    slowdown = Faults(slow_tower=parse_slow("--slow-tower", slow))
+    groups = {mode: TowerGroup.build(make, devices, mode, wrap=slowdown.wrap_towers)
               for mode in ("equal", "measured")}
     params = groups["equal"].get_weights()
     x, y = data.train_batch(0, 0, args.batch_size, slice(0, args.batch_size))

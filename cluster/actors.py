@@ -106,6 +106,7 @@ class WorkerJob:
     plan: object  # towerps.ps.placement.PlacementPlan
     wire_dtype: str
     devices: object = None  # towerps.workers.devices.DeviceConfig; None: the defaults
+    faults: object = None  # towerps.workers.faults.Faults (test only); None: none
 
 
 @ray.remote
@@ -124,6 +125,7 @@ class WorkerActor:
     def setup(self, spec, job: WorkerJob) -> dict:
         from towerps.workers import PSClient, Worker, build_model, load_dataset
         from towerps.workers.devices import DeviceConfig, configure_devices
+        from towerps.workers.faults import Faults
         from towerps.workers.models import model_input_shape
         from towerps.workers.towers import TowerGroup
 
@@ -139,13 +141,15 @@ class WorkerActor:
             download=job.download,
             seed=job.seed,
         )
+        # Test-only slowdowns wrap the towers; the worker loop cannot tell.
+        faults = job.faults or Faults()
         towers = TowerGroup.build(
             lambda: build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed,
                                 input_scale=dataset.input_scale),
-            devices, config.tower_balance, slow_tower=config.slow_tower,
+            devices, config.tower_balance, wrap=faults.wrap_towers,
         )
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype)
-        self._worker = Worker(spec, dataset, towers, client)
+        self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers), client)
         record = _node_record("worker", self._rank)
         record["devices"] = towers.devices
         record["ray_gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]

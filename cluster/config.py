@@ -21,6 +21,7 @@ from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's che
 from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
 from towerps.workers.data import DATASETS
 from towerps.workers.devices import DeviceConfig
+from towerps.workers.faults import parse_slow
 from towerps.workers.catalog import DEFAULT_MODEL, MODELS
 
 
@@ -54,7 +55,8 @@ class TrainConfig:
     run_dir: str | None = None
     log_every: int = 10  # steps between metrics.jsonl records
     wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
-    slow_worker: str | None = None  # TEST ONLY: "RANK:FACTOR" slows one worker's compute
+    # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
+    slow_worker: str | None = None
     pull_timeout_s: float = 300.0
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
     devices: DeviceConfig = field(default_factory=DeviceConfig)
@@ -99,7 +101,8 @@ class TrainConfig:
                 f"over --num-workers {self.num_workers}; use a multiple of {self.num_workers} "
                 f"(e.g. {self.batch_size - self.batch_size % self.num_workers or self.num_workers})"
             )
-        self.slow_factor(0)  # validates slow_worker
+        if self.slow_worker is not None:
+            parse_slow("--slow-worker", self.slow_worker, self.num_workers, "RANK")
         self.mode.quorum(self.num_workers)  # backups below the workers
         if self.min_nodes > 1 and self.address is None:
             raise ConfigError(
@@ -119,23 +122,6 @@ class TrainConfig:
                 f"each worker gets {rows} rows of --batch-size {self.batch_size} but holds "
                 f"{towers} towers; use --batch-size {towers * self.num_workers} or more"
             )
-
-    def slow_factor(self, rank: int) -> float:
-        """How many times slower worker `rank` computes (1.0: normal speed)."""
-        if self.slow_worker is None:
-            return 1.0
-        text, fix = self.slow_worker, "use --slow-worker RANK:FACTOR, e.g. 1:3"
-        try:
-            slow_rank, factor = text.split(":")
-            slow_rank, factor = int(slow_rank), float(factor)
-        except ValueError:
-            raise ConfigError(f"--slow-worker {text!r} is not RANK:FACTOR; {fix}") from None
-        if not 0 <= slow_rank < self.num_workers or not factor >= 1.0:
-            raise ConfigError(
-                f"--slow-worker {text!r} needs a rank in 0..{self.num_workers - 1} and a "
-                f"factor of at least 1; {fix}"
-            )
-        return factor if rank == slow_rank else 1.0
 
     @property
     def end_version(self) -> int:

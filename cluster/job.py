@@ -30,6 +30,7 @@ from towerps.cluster.placement import Reservation, reserve
 from towerps.errors import ClusterError, TowerpsError
 from towerps.ps.placement import PlacementPlan
 from towerps.workers import PSClient, WorkerSpec
+from towerps.workers.faults import Faults
 
 FINAL_PULL_TIMEOUT_S = 60.0
 
@@ -98,7 +99,8 @@ class Job:
     def _setup_workers(self) -> None:
         c = self.config
         job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
-                        self.addresses, self.plan, c.wire_dtype, devices=c.devices)
+                        self.addresses, self.plan, c.wire_dtype, devices=c.devices,
+                        faults=Faults.of(c))
         records = get([w.setup.remote(worker_spec(c, r), job) for r, w in enumerate(self.workers)])
         self.records += records
         self.reservation.record(self.records)  # logs where each landed
@@ -145,7 +147,6 @@ def worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
         global_batch_size=config.batch_size,
         steps=config.steps,
         seed=config.seed,
-        slow_factor=config.slow_factor(rank),
         pull_timeout_s=config.pull_timeout_s,
         mode=config.mode,
         end_version=config.end_version,

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from towerps.errors import ConfigError
+from towerps.workers.faults import parse_slow
 
 BALANCES = ("equal", "measured")
 
@@ -50,7 +51,8 @@ class DeviceConfig:
     soft_placement: bool = True  # allow_soft_placement (TF2's default)
     log_device_placement: bool = False
     tower_balance: str = "equal"  # equal | measured: rows per tower in proportion to speed
-    slow_tower: str | None = None  # TEST ONLY: "INDEX:FACTOR" makes tower INDEX FACTOR x slower
+    # TEST ONLY: "INDEX:FACTOR" makes tower INDEX FACTOR x slower (workers/faults.py)
+    slow_tower: str | None = None
 
     def __post_init__(self):
         if self.gpus is not None:
@@ -99,7 +101,7 @@ class DeviceConfig:
                 f"{', '.join(BALANCES)}"
             )
         if self.slow_tower is not None:
-            parse_slow_tower(self.slow_tower)
+            parse_slow("--slow-tower", self.slow_tower)
 
     def _check_gpu_memory(self, g: float) -> None:
         limit = self.gpu_memory_limit_mb
@@ -136,21 +138,6 @@ class DeviceConfig:
             gpu_towers = 0
         cpu = self.cpu_towers if self.cpu_towers is not None else (0 if gpu_towers else 1)
         return gpu_towers + cpu
-
-
-def parse_slow_tower(spec: str) -> tuple[int, float]:
-    """TEST ONLY. "INDEX:FACTOR" -> (index, factor >= 1)."""
-    index, sep, factor = spec.partition(":")
-    try:
-        parsed = int(index), float(factor)
-    except ValueError:
-        parsed = None
-    if not sep or parsed is None or parsed[0] < 0 or not parsed[1] >= 1:
-        raise ConfigError(
-            f"slow_tower {spec!r} must be INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1 "
-            "(e.g. 1:3 makes tower 1 three times slower; test only)"
-        )
-    return parsed
 
 
 def plan_gpus(config: DeviceConfig, num_visible: int, total_mb: Sequence[int] | None,

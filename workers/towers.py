@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from towerps.errors import ConfigError
 from towerps.workers.batches import num_examples, take
-from towerps.workers.devices import BALANCES, parse_slow_tower
+from towerps.workers.devices import BALANCES
 from towerps.workers.tower import Tower
 
 
@@ -51,7 +51,6 @@ class TowerGroup:
         towers: Sequence[Tower],
         balance: str = "equal",
         *,
-        slow_tower: str | None = None,
         warmup_steps: int = 2,
         window_steps: int = 5,
         rebalance_every: int = 50,
@@ -65,12 +64,6 @@ class TowerGroup:
             raise ConfigError("every tower of a group must hold the same model (variable names differ)")
         self.towers = list(towers)
         self.balance = balance
-        self._slow = parse_slow_tower(slow_tower) if slow_tower else None
-        if self._slow and self._slow[0] >= len(self.towers):
-            raise ConfigError(
-                f"slow_tower {slow_tower!r} names tower {self._slow[0]} but the worker has "
-                f"{len(self.towers)} (indices 0..{len(self.towers) - 1})"
-            )
         self._warmup, self._window, self._every = warmup_steps, window_steps, rebalance_every
         self._weights = np.full(len(self.towers), 1.0 / len(self.towers))  # shares, sum 1
         self._rows = [0] * len(self.towers)  # rows of the last step, per tower
@@ -80,13 +73,18 @@ class TowerGroup:
 
     @classmethod
     def build(cls, make_model: Callable[[], keras.Model], devices: Sequence[str],
-              balance: str = "equal", **kwargs) -> TowerGroup:
-        """One replica per device, each built there, so its variables live on it."""
+              balance: str = "equal", wrap: Callable[[list], list] | None = None,
+              **kwargs) -> TowerGroup:
+        """One replica per device, each built there, so its variables live on it.
+
+        `wrap`, when given, receives the replicas and returns those to group:
+        where tests install a slow device (workers/faults.py).
+        """
         towers = []
         for device in devices:
             with tf.device(device):
                 towers.append(Tower(make_model(), device=device))
-        return cls(towers, balance, **kwargs)
+        return cls(wrap(towers) if wrap else towers, balance, **kwargs)
 
     # -- the Tower interface ---------------------------------------------
 
@@ -170,13 +168,7 @@ class TowerGroup:
         tower, x, y = part
         t0 = time.perf_counter()
         grads, loss = tower.compute_gradients(x, y)
-        seconds = time.perf_counter() - t0
-        if self._slow and tower is self.towers[self._slow[0]]:
-            # TEST ONLY: stand in for a slower device; sleeping holds no core.
-            extra = (self._slow[1] - 1.0) * seconds
-            time.sleep(extra)
-            seconds += extra
-        return grads, loss, seconds
+        return grads, loss, time.perf_counter() - t0
 
     def _bounds(self, n: int) -> list[tuple[int, int]]:
         """Contiguous [lo, hi) rows per tower, by the shares; each gets >= 1 row."""

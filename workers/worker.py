@@ -45,9 +45,6 @@ class WorkerSpec:
     steps: int
     seed: int
     pull_timeout_s: float = 300.0
-    # TEST ONLY (--slow-worker RANK:FACTOR): this worker's compute takes
-    # FACTOR times as long, to study stragglers.
-    slow_factor: float = 1.0
     mode: Mode = Mode()  # the run's mode: which global batch a step trains on
     # The last shard version of the run (None: `steps`). Async/ssp make one
     # version per push: steps * num_workers versions train on `steps` global batches.
@@ -123,8 +120,6 @@ class Worker:
             grads, loss = self.tower.compute_gradients(x, y)
             if spec.global_clipnorm:
                 clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)
-            if spec.slow_factor > 1.0:
-                time.sleep((spec.slow_factor - 1.0) * (time.perf_counter() - t1))
             t2 = time.perf_counter()
             outcomes = self.client.push(spec.rank, version, grads, num_examples=num_examples(x), loss=loss)
             t3 = time.perf_counter()

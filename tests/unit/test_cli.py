@@ -7,6 +7,7 @@ from towerps.cluster.config import MODES, TrainConfig
 from towerps.errors import ConfigError
 from towerps.ps.modes import SUM_ORDERS, Mode
 from towerps.ps.optimizers import OPTIMIZERS
+from towerps.workers.faults import Faults
 from towerps.wire import WIRE_DTYPES
 from towerps.workers.catalog import MODELS
 from towerps.workers.data import DATASETS
@@ -96,7 +97,7 @@ def test_config_names_the_fix():
 
 def test_slow_worker_flag_is_parsed_and_checked():
     config = TrainConfig(num_workers=2, slow_worker="1:3")
-    assert (config.slow_factor(0), config.slow_factor(1)) == (1.0, 3.0)
+    assert Faults.of(config) == Faults(slow_worker=(1, 3.0))
     for bad in ("1", "x:3", "2:3", "1:0.5"):
         with pytest.raises(ConfigError, match="RANK:FACTOR"):
             TrainConfig(num_workers=2, slow_worker=bad)

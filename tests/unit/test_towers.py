@@ -14,6 +14,7 @@ from tests.unit.fresh import run_fresh
 from towerps.errors import ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
+from towerps.workers.faults import Faults
 from towerps.workers.towers import TowerGroup
 
 pytestmark = pytest.mark.unit
@@ -92,8 +93,8 @@ def test_measured_balancing_moves_rows_away_from_a_slow_tower(data):
     """Tower 1 is made 10x slower (test-only delay): after the measuring
     window it gets far fewer rows, and the step is still the whole batch's."""
     one = Tower(make_model(data)())
-    group = group_of(data, 2, balance="measured", slow_tower="1:10", warmup_steps=1,
-                     window_steps=3)
+    group = group_of(data, 2, balance="measured", wrap=Faults(slow_tower=(1, 10.0)).wrap_towers,
+                     warmup_steps=1, window_steps=3)
     params = one.get_weights()
     for step in range(6):
         x, y = data.train_batch(step, 1, 64, slice(0, 64))
@@ -107,7 +108,8 @@ def test_measured_balancing_moves_rows_away_from_a_slow_tower(data):
 
 
 def test_equal_balancing_ignores_speed(data):
-    group = group_of(data, 2, slow_tower="1:10", warmup_steps=1, window_steps=2)
+    group = group_of(data, 2, wrap=Faults(slow_tower=(1, 10.0)).wrap_towers, warmup_steps=1,
+                     window_steps=2)
     x, y = data.train_batch(0, 1, 64, slice(0, 64))
     for _ in range(4):
         group.compute_gradients(x, y)
@@ -117,8 +119,7 @@ def test_equal_balancing_ignores_speed(data):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(slow_tower="2:3"), "names tower 2 but the worker has 2"),
-        (dict(slow_tower="1"), "must be INDEX:FACTOR"),
+        (dict(wrap=Faults(slow_tower=(2, 3.0)).wrap_towers), "names tower 2 but the worker has 2"),
         (dict(balance="fastest"), "balance 'fastest' is not known"),
     ],
 )

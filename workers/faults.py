@@ -1,0 +1,114 @@
+"""Test-only slowdowns, installed around a worker's parts, never inside its loops.
+
+    tower = SlowTower(tower, factor=3.0)      # compute_gradients takes 3x as long
+    faults = Faults.of(config)                # --slow-worker, --slow-tower
+    towers = faults.wrap_towers(towers)       # one slow device among a worker's towers
+    tower = faults.wrap_worker(rank, tower)   # one slow worker among the job's
+
+`WorkerActor.setup` (cluster/actors.py) is where a job's `Faults` are
+installed: the worker loop and the tower group run unchanged and cannot
+tell a wrapped part from a real one. Tests and benchmarks install their own
+wrappers the same way, around a Tower, a TowerGroup or a PSClient (say, one
+that stops a worker in the middle of a push).
+
+Sleeping stands in for a slower device or machine: it holds no core, so a
+straggler slows no other process on a shared machine, and the gradients
+are exactly those of the wrapped tower.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from towerps.errors import ConfigError
+
+
+class SlowTower:
+    """A Tower (or TowerGroup) whose `compute_gradients` takes `factor` times as long.
+
+    Everything else is the wrapped tower's own. `clock` and `sleep` are
+    time.perf_counter and time.sleep unless a test passes its own.
+    """
+
+    def __init__(self, tower, factor: float, *, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep):
+        if not factor >= 1.0:
+            raise ConfigError(f"a slow tower's factor must be at least 1, got {factor}")
+        self.inner = tower
+        self.factor = factor
+        self._clock, self._sleep = clock, sleep
+
+    def compute_gradients(self, x, y) -> tuple[dict, float]:
+        t0 = self._clock()
+        result = self.inner.compute_gradients(x, y)
+        self._sleep((self.factor - 1.0) * (self._clock() - t0))
+        return result
+
+    def __getattr__(self, name):
+        # Only called for what this class does not define: the wrapped tower's.
+        if name == "inner":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def parse_slow(flag: str, text: str, count: int | None = None,
+               index: str = "INDEX") -> tuple[int, float]:
+    """"INDEX:FACTOR" -> (index, factor); ConfigError naming `flag` and the fix.
+
+    INDEX must be below `count` when given; FACTOR at least 1. `index` names
+    the first part in messages (RANK for workers).
+    """
+    fix = f"use {flag} {index}:FACTOR with FACTOR >= 1, e.g. 1:3 (test only)"
+    first, sep, factor = text.partition(":")
+    try:
+        parsed = int(first), float(factor)
+    except ValueError:
+        parsed = None
+    if not sep or parsed is None or parsed[0] < 0 or not parsed[1] >= 1.0:
+        raise ConfigError(f"{flag} {text!r} is not {index}:FACTOR; {fix}")
+    if count is not None and parsed[0] >= count:
+        raise ConfigError(
+            f"{flag} {text!r} names {parsed[0]}, but there are {count} (0..{count - 1}); {fix}"
+        )
+    return parsed
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The test-only behaviour of a job's workers. Picklable: it travels to each
+    worker actor, which installs it around its parts."""
+
+    slow_worker: tuple[int, float] | None = None  # (rank, factor): that worker computes slower
+    slow_tower: tuple[int, float] | None = None  # (index, factor): that tower of every worker
+
+    @classmethod
+    def of(cls, config) -> Faults:
+        """From a TrainConfig's `slow_worker` and `devices.slow_tower` flags."""
+        slow_worker = config.slow_worker
+        slow_tower = config.devices.slow_tower
+        return cls(
+            slow_worker=None if slow_worker is None else
+            parse_slow("--slow-worker", slow_worker, config.num_workers, "RANK"),
+            slow_tower=None if slow_tower is None else parse_slow("--slow-tower", slow_tower),
+        )
+
+    def wrap_towers(self, towers: Sequence) -> list:
+        """A worker's per-device towers, the slow one wrapped (before they are grouped)."""
+        towers = list(towers)
+        if self.slow_tower is not None:
+            index, factor = self.slow_tower
+            if index >= len(towers):
+                raise ConfigError(
+                    f"--slow-tower {index}:{factor:g} names tower {index} but the worker has "
+                    f"{len(towers)} (indices 0..{len(towers) - 1})"
+                )
+            towers[index] = SlowTower(towers[index], factor)
+        return towers
+
+    def wrap_worker(self, rank: int, tower):
+        """Worker `rank`'s tower (or tower group), wrapped if it is the slow worker."""
+        if self.slow_worker is not None and self.slow_worker[0] == rank:
+            return SlowTower(tower, self.slow_worker[1])
+        return tower
