@@ -1,6 +1,7 @@
 """The cluster layer: config, Ray actors, the driver and the `towerps` CLI.
 
-Public API: `TrainConfig`, `train`. Holds no training math: that lives in
+Public API: `TrainConfig`, `train`, and `RunSummary` (what `train` returns,
+and summary.json read back). Holds no training math: that lives in
 `towerps.ps` and `towerps.workers`.
 
 The exports load lazily: a PS shard actor unpickles its class from
@@ -8,16 +9,15 @@ The exports load lazily: a PS shard actor unpickles its class from
 TensorFlow (about 300 MB) into that light process.
 """
 
-__all__ = ["TrainConfig", "train"]
+import importlib
+
+_EXPORTS = {"TrainConfig": "config", "train": "driver", "RunSummary": "summary"}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name == "TrainConfig":
-        from towerps.cluster.config import TrainConfig
-
-        return TrainConfig
-    if name == "train":
-        from towerps.cluster.driver import train
-
-        return train
-    raise AttributeError(f"module 'towerps.cluster' has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'towerps.cluster' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"towerps.cluster.{module}"), name)
