@@ -1,4 +1,5 @@
 # The two commands of the README's quick start. Each sets up what it needs.
+# TOWERPS_EXTRA=gpu make ... installs GPU TensorFlow into .venv (default: cpu).
 .PHONY: setup train test
 
 setup:
@@ -10,5 +11,7 @@ train: setup
 		--batch-size 128 --steps 1000
 
 # The whole test suite, slow and multi-process tiers included (what CI runs).
-test: setup
+# Its set-up also installs what the cluster tier needs (openssh-server, rsync).
+test:
+	@scripts/setup.sh --tests
 	.venv/bin/python -m pytest -ra

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.machines import Machines
+from tests.cluster.needs import require
 from tests.cluster.nodes import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -28,6 +29,7 @@ STEPS = 20
 
 @pytest.fixture
 def machines():
+    require("sshd", "ssh", "ssh-keygen", "rsync", "unshare", "nsenter")
     workdir = Path(tempfile.mkdtemp(prefix="tpu-", dir="/tmp"))  # short: Ray's socket paths
     try:
         with Machines(workdir, [HEAD, WORKER]) as m:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.needs import require
 from tests.cluster.nodes import TOWERPS, RayNodes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -24,6 +25,7 @@ STEPS = 20
 @pytest.fixture(scope="module")
 def two_nodes():
     """Head 127.0.0.2 (2 CPUs and 1 declared GPU), worker 127.0.0.3 (2 CPUs)."""
+    require("unshare", "nsenter")
     workdir = Path(tempfile.mkdtemp(prefix="tps-", dir="/tmp"))  # short: Ray's socket paths
     nodes = RayNodes(workdir)
     try:
