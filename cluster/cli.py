@@ -11,6 +11,7 @@ print as one line naming the problem and the fix, with exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 from towerps import __version__
@@ -29,6 +30,12 @@ UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 TOWER_BALANCES = ("equal", "measured")
 SUM_ORDERS = ("rank", "arrival")
+# TensorFlow comes with an extra of its own (pyproject.toml): a plain install has none.
+NO_TENSORFLOW = (
+    "towerps: error: TensorFlow is not installed; install towerps with one of its TensorFlow "
+    "extras: pip install 'towerps[cpu]' (CPU only) or 'towerps[gpu]' (NVIDIA GPUs); "
+    "from a checkout '.[cpu]' or '.[gpu]'"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if importlib.util.find_spec("tensorflow") is None:
+        print(NO_TENSORFLOW, file=sys.stderr)
+        return 2
     log_to_stderr(args.verbose)
     try:
         from towerps.cluster.config import TrainConfig

@@ -49,7 +49,12 @@ def test_every_node_uses_token_auth_with_the_launchers_token(path):
 def test_every_node_installs_towerps_from_the_checkout_and_starts_only_ray(path):
     config = load(path)
     assert config["file_mounts"]["~/towerps"] == "."
-    assert any('pip install -q "$HOME/towerps' in c for c in config["setup_commands"])
+    installs = [c for c in config["setup_commands"] if 'pip install -q "$HOME/towerps' in c]
+    # ...with its TensorFlow extra (GPU clouds: gpu), in one step: nothing is
+    # uninstalled or reinstalled after it (tests/install resolves each command).
+    extra = "gpu" if "gpu" in path.name else "cpu"
+    assert len(installs) == 1 and f'"$HOME/towerps[{extra}]"' in installs[0]
+    assert not any("uninstall" in c or "--force-reinstall" in c for c in config["setup_commands"])
     assert any("towerps-env/bin" in c and ".bashrc" in c for c in config["setup_commands"])
     assert not any("towerps" in c for c in start_commands(config))
 

@@ -1,5 +1,7 @@
 """The CLI's flags and the errors a user sees; none of these start Ray."""
 
+import sys
+
 import pytest
 
 from towerps.cluster import cli
@@ -162,3 +164,12 @@ def test_joining_a_cluster_puts_a_relative_run_dir_under_home(tmp_path, monkeypa
     assert TrainConfig(address="auto").resolved_run_dir("t") == str(
         tmp_path / "runs" / "t-sync-fashion_mnist")
     assert TrainConfig(run_dir="/abs/fm", address="auto").resolved_run_dir("t") == "/abs/fm"
+
+
+def test_an_install_without_tensorflow_names_the_extras_that_bring_it(monkeypatch, capsys):
+    # None in sys.modules is how Python marks a module as not importable.
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    assert cli.main(["train", "--dataset", "synthetic", "--steps", "1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("towerps: error: TensorFlow is not installed")
+    assert "pip install 'towerps[cpu]'" in error and "'towerps[gpu]'" in error
