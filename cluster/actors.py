@@ -107,6 +107,10 @@ class WorkerJob:
     wire_dtype: str
     devices: object = None  # towerps.workers.devices.DeviceConfig; None: the defaults
     faults: object = None  # towerps.workers.faults.Faults (test only); None: none
+    # The user's own model: its build function (then `dataset` and `model` only
+    # describe it, and setup's `inputs` feed it) and an explicit loss, if any.
+    user_model: object = None
+    loss: object = None
 
 
 @ray.remote
@@ -122,11 +126,12 @@ class WorkerActor:
         self._rank = rank
         self._worker = None
 
-    def setup(self, spec, job: WorkerJob) -> dict:
-        from towerps.workers import PSClient, Worker, build_model, load_dataset
+    def setup(self, spec, job: WorkerJob, inputs=None) -> dict:
+        """Build data, towers and client. `inputs`: this worker's input of the
+        user's data (workers/inputs.py: arrays, TFDataInput, RayDataInput)."""
+        from towerps.workers import PSClient, Worker
         from towerps.workers.devices import DeviceConfig, configure_devices
         from towerps.workers.faults import Faults
-        from towerps.workers.models import model_input_shape
         from towerps.workers.towers import TowerGroup
 
         # Devices first: TensorFlow fixes them when it initialises. A bad
@@ -134,20 +139,11 @@ class WorkerActor:
         config = job.devices or DeviceConfig()
         devices = configure_devices(config, assigned_gpus=ray.get_gpu_ids())
 
-        dataset = load_dataset(
-            job.dataset,
-            job.data_dir,
-            input_shape=model_input_shape(job.model),
-            download=job.download,
-            seed=job.seed,
-        )
+        dataset, make_model = _data_and_model(spec, job, inputs)
         # Test-only slowdowns wrap the towers; the worker loop cannot tell.
         faults = job.faults or Faults()
-        towers = TowerGroup.build(
-            lambda: build_model(job.model, dataset.input_shape, dataset.num_classes, job.seed,
-                                input_scale=dataset.input_scale),
-            devices, config.tower_balance, wrap=faults.wrap_towers,
-        )
+        towers = TowerGroup.build(make_model, devices, config.tower_balance,
+                                  wrap=faults.wrap_towers, loss=job.loss)
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype)
         self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers), client)
         record = _node_record("worker", self._rank)
@@ -161,3 +157,20 @@ class WorkerActor:
 
     def run(self, start_step: int = 0):
         return self._worker.run(start_step)
+
+
+def _data_and_model(spec, job: WorkerJob, inputs):
+    """This worker's data source and model-building function."""
+    if job.user_model is not None:
+        from towerps.workers.inputs import WorkerContext, open_input
+
+        context = WorkerContext(spec.rank, spec.num_workers,
+                                spec.global_batch_size // spec.num_workers, spec.seed)
+        return open_input(inputs, context), job.user_model
+    from towerps.workers import build_model, load_dataset
+    from towerps.workers.models import model_input_shape
+
+    dataset = load_dataset(job.dataset, job.data_dir, input_shape=model_input_shape(job.model),
+                           download=job.download, seed=job.seed)
+    return dataset, lambda: build_model(job.model, dataset.input_shape, dataset.num_classes,
+                                        job.seed, input_scale=dataset.input_scale)

@@ -3,6 +3,8 @@
     towerps train --dataset fashion_mnist --num-workers 2 --num-ps 2 \\
         --batch-size 128 --steps 1000
     towerps compare --dataset fashion_mnist --modes sync,async,ssp:2 --steps 400
+    towerps train --model my_pkg.models:build --data my_pkg.data:load --steps 500
+    towerps train --config job.yaml            # every flag in a file (cluster/jobfile.py)
 
 Flags become one TrainConfig here (validated at once); errors of towerps
 print as one line naming the problem and the fix, with exit status 2.
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
+import time
+from dataclasses import replace
 
 from towerps import __version__
 from towerps.cluster.logs import import_tensorflow, log_to_stderr
@@ -46,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a model (a local Ray cluster by default)")
     _add_job_flags(train)
+    train.add_argument("--config", default=None, metavar="JOB.yaml",
+                       help="read flags from this YAML file (flags given here win); each run "
+                       "writes its resolved job.yaml into its run directory")
     modes = train.add_argument_group("aggregation mode (docs/modes.md)")
     modes.add_argument("--mode", choices=MODES, default="sync",
                        help="sync: average every worker's gradient per step; async: apply each "
@@ -85,7 +93,12 @@ def _add_job_flags(parser) -> None:
     add("--data-dir", default=None, help="where to look for / put the data set")
     add("--no-download", dest="download", action="store_false",
         help="never download a missing data set (fail with where to get it)")
-    add("--model", choices=MODELS, default=None, help="default: chosen by the data set")
+    add("--model", type=_model_flag, default=None,
+        help=f"{', '.join(MODELS)} (default: chosen by the data set), or your own "
+        "module:function returning a compiled keras.Model")
+    add("--data", default=None, metavar="MODULE:FUNCTION",
+        help="with --model module:function: a function returning the training data, or a "
+        "dict {'train': ..., 'validation': ...} (arrays (x, y), a tf.data factory, a Ray Dataset)")
     add("--num-workers", type=int, default=None,
         help="worker actors (default: one per node with --address, else 2)")
     add("--num-ps", type=int, default=None,
@@ -139,6 +152,13 @@ def _add_device_flags(group) -> None:
         help="TEST ONLY: make tower INDEX FACTOR times slower")
 
 
+def _model_flag(text: str) -> str:
+    if text in MODELS or text.count(":") == 1:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a built-in model ({', '.join(MODELS)}) nor a module:function")
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
@@ -160,7 +180,9 @@ def _device_config(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
     if importlib.util.find_spec("tensorflow") is None:
@@ -168,6 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log_to_stderr(args.verbose)
     try:
+        if getattr(args, "config", None):
+            from towerps.cluster.jobfile import file_argv
+
+            args = parser.parse_args(
+                [argv[0], *file_argv(args.config, _command_parser(parser, "train")), *argv[1:]])
+        if args.model and ":" in args.model:
+            return _report(_train_own_model(args, parser))
+        if args.data:
+            raise TowerpsError("--data feeds a model of your own: give --model module:function "
+                               "too, or use --dataset for the built-in data sets")
         from towerps.cluster.config import TrainConfig
 
         config = TrainConfig(
@@ -198,16 +230,66 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "compare":
             return _compare(config, args)
+        if args.command == "train":
+            _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
+            config = replace(config, run_dir=args.run_dir)
         summary = train(config)
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
         return 2
-    print(
-        f"test accuracy {summary.test_accuracy:.4f} (loss {summary.test_loss:.4f}) after "
-        f"{summary.steps} steps, {summary.examples_per_s:,.0f} examples/s; "
-        f"results in {summary.run_dir}"
-    )
+    return _report(summary)
+
+
+def _report(summary) -> int:
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in summary.test_metrics.items())
+    print(f"test {metrics or 'metrics: none (no validation data)'} after {summary.steps} steps, "
+          f"{summary.examples_per_s:,.0f} examples/s; results in {summary.run_dir}")
     return 0
+
+
+def _command_parser(parser, name: str):
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def _write_job_file(args, parser, run_dir: str) -> None:
+    """Fix the run directory and steps, then write the job as --config reads it."""
+    from towerps.cluster.jobfile import write_job_file
+
+    args.run_dir, args.steps = run_dir, _steps(args)
+    write_job_file(run_dir, args, _command_parser(parser, args.command))
+
+
+def _train_own_model(args, parser):
+    """--model module:function [--data module:function]: the user's model, as towerps.fit."""
+    from towerps.cluster.api import fit_job
+    from towerps.cluster.user import UserData, UserJob, resolve_ref, ship_by_value
+
+    if args.command != "train":
+        raise TowerpsError("compare runs the built-in models only; train your model with "
+                           "`towerps train --model module:function`")
+    if args.lr is not None or args.optimizer != "adam":
+        raise TowerpsError("--optimizer and --lr set the built-in models' optimizer; your "
+                           "model trains with the optimizer it is compiled with: drop them")
+    import_tensorflow(args.verbose)  # the user's modules import Keras: quietly
+    build = resolve_ref(args.model, "--model")
+    if not args.data:
+        raise TowerpsError(f"--model {args.model} needs --data module:function giving its "
+                           "training data")
+    load = resolve_ref(args.data, "--data")
+    loaded = load()
+    train, validation = (loaded.get("train"), loaded.get("validation")) \
+        if isinstance(loaded, dict) else (loaded, None)
+    data = UserData.of(train, validation)
+    ship_by_value(build, *([train] if data.kind == "tf_data" else []))
+    run_dir = args.run_dir or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-model")
+    _write_job_file(args, parser, run_dir)
+    return fit_job(
+        UserJob(build, data), model_fn=args.model, data_fn=args.data, **_counts(args),
+        batch_size=args.batch_size, steps=args.steps, budget_s=args.budget_s, seed=args.seed,
+        address=args.address, run_dir=run_dir, log_every=args.log_every,
+        wire_dtype=args.wire_dtype, slow_worker=args.slow_worker, devices=_device_config(args),
+        dashboard=args.dashboard, verbose=args.verbose, **_mode_fields(args),
+    ).summary
 
 
 def _counts(args) -> dict:

@@ -45,7 +45,7 @@ class TrainConfig:
     steps: int = 1000  # global batches of examples, in every mode
     budget_s: float | None = None  # end training after this long, if --steps are not done
     eval_points: int = 0  # >0: test accuracy along the way at ~eval_points..2x moments
-    optimizer: str = "adam"
+    optimizer: str = "adam"  # the user's model: its compiled optimizer's class name
     lr: float | None = None  # None: the optimizer's default
     seed: int = 0
     address: str | None = None  # None: start a local Ray cluster
@@ -63,6 +63,12 @@ class TrainConfig:
     verbose: bool = False  # show TensorFlow's, absl's and Ray's start-up logs
     dashboard: bool = False  # local mode: start Ray's dashboard too
 
+    # The user's own model (towerps.fit, --model module:function): its build
+    # function as `module:function`; `dataset` then names the kind of data
+    # (arrays, tf_data, ray_data) and `optimizer` the compiled optimizer.
+    model_fn: str | None = None
+    data_fn: str | None = None  # --data module:function, when the data came from one
+
     def __post_init__(self):
         # A quoted '~/runs' (ray job submit, YAML) reaches us unexpanded.
         for name in ("data_dir", "run_dir"):
@@ -74,7 +80,12 @@ class TrainConfig:
                 f"--data-dir {self.data_dir!r} is not a directory; create it (a missing data "
                 "set is downloaded into it), or name the folder that holds the data set"
             )
-        _choice("--dataset", self.dataset, DATASETS)
+        if self.model_fn is None:
+            _choice("--dataset", self.dataset, DATASETS)
+            _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        elif self.model is not None:
+            raise ConfigError(f"--model {self.model!r} and the model function {self.model_fn} "
+                              "both name the model; give one")
         if self.model is not None:
             _choice("--model", self.model, MODELS)
         if isinstance(self.mode, str):
@@ -83,7 +94,6 @@ class TrainConfig:
             raise ConfigError(
                 f"mode {self.mode!r} is not a Mode; pass e.g. Mode('ssp', staleness=2) or 'ssp:2'"
             )
-        _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         for flag, value in (
             ("--num-workers", self.num_workers),
@@ -131,11 +141,11 @@ class TrainConfig:
 
     @property
     def model_name(self) -> str:
-        return self.model or DEFAULT_MODEL[self.dataset]
+        return self.model_fn or self.model or DEFAULT_MODEL[self.dataset]
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+        return self.lr if self.lr is not None else DEFAULT_LR.get(self.optimizer)
 
     def resolved_run_dir(self, now: str) -> str:
         """Where results go: `run_dir`, or runs/<now>-<mode>-<dataset>; joining a

@@ -5,9 +5,10 @@
 
 `train` reads top to bottom as the run does:
 
- 1. prepare   load the data set, build the model and plan which shard holds
-              which variable, here: a bad flag or a missing data set fails
-              now, before Ray or any actor starts;
+ 1. prepare   load the data set, build the model (a built-in one, or the
+              user's: cluster/user.py) and plan which shard holds which
+              variable, here: a bad flag, a missing data set, a model without
+              a loss fails now, before Ray or any actor starts;
  2. start     put the variables on the shards, start the shard and worker
               actors and set them up (cluster/job.py);
  3. run       run the workers while watching the shards' update log for the
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import keras
 import numpy as np
@@ -32,55 +33,92 @@ import numpy as np
 from towerps import __version__
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.evals import Snapshot, evaluate
-from towerps.cluster.job import Job, Trained
+from towerps.cluster.job import Job, Payload, Trained
 from towerps.cluster.placement import fit_to_cluster
 from towerps.cluster.session import ray_session
 from towerps.cluster.summary import Evaluation, RunSummary, Staleness, WorkerTime
+from towerps.cluster.user import UserJob
+from towerps.errors import ConfigError
 from towerps.ps.placement import PlacementPlan, plan_placement
 from towerps.workers import Tower, build_model, load_dataset
-from towerps.workers.data import DataSet
 from towerps.workers.models import compile_model, model_input_shape
 
+# Local mode with a Ray Data set: logical CPUs left free for its read and map tasks,
+# so the job never waits for CPUs its own actors hold.
+RAY_DATA_CPUS = 2
 
-def train(config: TrainConfig, progress: bool | None = None) -> RunSummary:
+
+def train(config: TrainConfig, progress: bool | None = None,
+          user: UserJob | None = None) -> RunSummary:
     """Run one training job to the end; returns its summary (also written to disk).
 
     Blocks until done. Raises TowerpsError subclasses with a message naming
     the problem; actors are stopped whatever happens. `progress=None` shows a
-    progress bar only on a terminal.
+    progress bar only on a terminal. `user`: the user's model and data
+    (towerps.fit); None: the built-in data set and model the config names.
     """
+    return train_model(config, progress, user)[0]
+
+
+def train_model(config: TrainConfig, progress: bool | None = None,
+                user: UserJob | None = None) -> tuple[RunSummary, keras.Model]:
+    """`train`, also returning the driver's model, which holds the final weights."""
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
-    prepared = prepare(config)
+    prepared = prepare(config) if user is None else prepare_user(config, user)
+    if user is not None:  # the summary names the optimizer the model compiled with
+        config = replace(config, optimizer=prepared.optimizer.name, lr=prepared.optimizer.lr)
+    spare = RAY_DATA_CPUS if user is not None and user.data.kind == "ray_data" else 0
     t_start = time.time()
-    with ray_session(config.address, num_cpus=config.num_workers + config.num_ps,
+    with ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
                      verbose=config.verbose, dashboard=config.dashboard):
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
+        if spare:
+            _check_cpus_left_for_ray_data(config)
         plan = prepared.plan_for(config.num_ps)
-        with Job.start(config, plan, prepared.initial, run_dir) as job:
+        with Job.start(config, plan, prepared.payload(), run_dir) as job:
             trained = job.run(progress)
     evals = evaluate_run(config, prepared, trained)
     summary = summarize(config, prepared, job, trained, evals,
                         startup_s=trained.train_started_at_s - t_start)
     save(prepared, trained, summary)
-    return summary
+    return summary, prepared.model
+
+
+def _check_cpus_left_for_ray_data(config: TrainConfig) -> None:
+    """Ray Data's tasks need CPUs the job's own actors do not hold, or it waits forever."""
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 0.0)
+    held = config.num_workers + config.num_ps
+    if total - held < 1:
+        raise ConfigError(
+            f"the Ray cluster has {total:g} CPUs and this job's {held} actors hold {held}: "
+            f"none is left for Ray Data's tasks; start Ray with more CPUs (ray.init(num_cpus="
+            f"{held + RAY_DATA_CPUS})) or let towerps start it (no ray.init before fit)")
 
 
 @dataclass
 class Prepared:
-    """The job's data set and model as the driver holds them: the initial
+    """The job's model and test data as the driver holds them: the initial
     weights go to the shards; the final ones are evaluated and saved here."""
 
-    dataset: DataSet
     model: keras.Model
     tower: Tower
     initial: dict[str, np.ndarray]
     plan: PlacementPlan  # which shard holds which variable, for --num-ps shards
+    test_data: tuple | None  # (x, y), or (tf.data.Dataset, None); None: no evaluation
+    optimizer: object = None  # OptimizerSpec of the user's model; None: the config's
+    user: UserJob | None = None
 
     def plan_for(self, num_shards: int) -> PlacementPlan:
         """The plan for `num_shards` (joining a cluster may change the count)."""
         if num_shards == self.plan.num_shards:
             return self.plan
-        return plan_placement({n: w.shape for n, w in self.initial.items()}, num_shards)
+        return _plan(self.initial, num_shards, self.optimizer)
+
+    def payload(self) -> Payload:
+        return Payload(self.initial, frozenset(self.tower.state_names), self.optimizer,
+                       self.user)
 
 
 def prepare(config: TrainConfig) -> Prepared:
@@ -97,17 +135,46 @@ def prepare(config: TrainConfig) -> Prepared:
                         input_scale=dataset.input_scale)
     tower = Tower(model)
     initial = tower.get_weights()
-    plan = plan_placement({n: w.shape for n, w in initial.items()}, config.num_ps)
-    return Prepared(dataset, model, tower, initial, plan)
+    plan = _plan(initial, config.num_ps)
+    return Prepared(model, tower, initial, plan, dataset.test_arrays())
+
+
+def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
+    """Build the user's model here and check it, its optimizer and data. No Ray."""
+    from towerps.cluster.user import check_model
+    from towerps.ps.keras_optimizer import optimizer_spec
+
+    model = check_model(user.build_model, user.loss)
+    if model.optimizer is None:
+        raise ConfigError(f"model {model.name!r} is not compiled: compile it with an optimizer "
+                          "and a loss (model.compile(optimizer=..., loss=...))")
+    spec = optimizer_spec(model.optimizer)
+    if spec.runs_keras and config.mode.staleness_lr:
+        raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only; "
+                          f"the model's {spec.name} runs as Keras' own: drop --staleness-lr")
+    user.data.check_mode(config.mode)
+    tower = Tower(model, loss=user.loss)
+    initial = tower.get_weights()
+    plan = _plan(initial, config.num_ps, spec)
+    return Prepared(model, tower, initial, plan, user.data.test_data(), spec, user)
+
+
+def _plan(initial: dict[str, np.ndarray], num_shards: int, optimizer=None) -> PlacementPlan:
+    """Placement of `initial` on `num_shards`; an optimizer that looks at whole
+    variables (OptimizerSpec.whole_variables) never sees a row slice."""
+    whole = optimizer is not None and optimizer.whole_variables
+    return plan_placement({n: w.shape for n, w in initial.items()}, num_shards, keep_whole=whole)
 
 
 def evaluate_run(config: TrainConfig, prepared: Prepared, trained: Trained) -> list[Evaluation]:
     """The test set on the initial weights and each snapshot (with eval_points),
     then on the final parameters, which the model holds afterwards."""
     watched = trained.watched
+    if prepared.test_data is None:
+        return []
     along = [Snapshot(0, 0.0, prepared.initial), *watched.snapshots] if config.eval_points else []
     final = Snapshot(trained.version, trained.wall_s, trained.params)
-    x_test, y_test = prepared.dataset.test_arrays()
+    x_test, y_test = prepared.test_data
     return evaluate([*along, final], prepared.tower, prepared.model, x_test, y_test,
                     watched.examples_at)
 
@@ -116,7 +183,8 @@ def save(prepared: Prepared, trained: Trained, summary: RunSummary) -> None:
     """model.keras (the final parameters, compiled with the run's optimizer, so
     `fit` goes on as trained) and summary.json into the run directory."""
     prepared.tower.set_weights(trained.params)
-    compile_model(prepared.model, summary.optimizer, summary.lr)
+    if prepared.user is None:  # the user's model keeps the compile() it came with
+        compile_model(prepared.model, summary.optimizer, summary.lr)
     prepared.model.save(os.path.join(summary.run_dir, "model.keras"))
     summary.write()
 
@@ -126,7 +194,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
     reports, mode = watched.reports, config.mode
-    final = evals[-1]
+    final = evals[-1] if evals else None
     return RunSummary(
         towerps_version=__version__,
         mode=mode.name,
@@ -149,8 +217,8 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         wall_s=trained.wall_s,
         examples_per_s=watched.examples_at(version) / trained.wall_s,
         final_train_loss=watched.metrics[-1]["loss"] if watched.metrics else None,
-        test_loss=final.test_loss,
-        test_accuracy=final.test_accuracy,
+        test_loss=final and final.test_loss,
+        test_accuracy=final and final.test_accuracy,
         pushes_applied=[c.pushes_applied for c in counters],
         pushes_duplicate=sum(c.pushes_duplicate for c in counters),
         pushes_rejected=sum(c.pushes_rejected for c in counters),
@@ -180,4 +248,5 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         ],
         run_dir=job.run_dir,
         config=config.to_dict(),
+        test_metrics=final.metrics if final else {},
     )

@@ -55,23 +55,37 @@ def evaluate(
     snapshots: list[Snapshot],
     tower,
     model,
-    x_test: np.ndarray,
-    y_test: np.ndarray,
+    x_test,
+    y_test,
     examples_at: Callable[[int], int],
 ) -> list[Evaluation]:
-    """Test loss and accuracy of every snapshot, in order; sets `tower`'s weights.
+    """Every metric the compiled model reports, for every snapshot, in order;
+    sets `tower`'s weights.
 
-    `examples_at(version)` is the number of training examples behind a version.
+    `x_test`, `y_test`: arrays (or nests), or a tf.data.Dataset of (x, y)
+    batches as `x_test` with `y_test` None. `examples_at(version)` is the
+    number of training examples behind a version.
     """
     curve = []
     for snap in snapshots:
         tower.set_weights(snap.params)
-        loss, accuracy = model.evaluate(x_test, y_test, batch_size=1024, verbose=0)
+        metrics = model.evaluate(x_test, y_test, batch_size=None if y_test is None else 1024,
+                                 verbose=0, return_dict=True)
+        metrics = {k: float(v) for k, v in metrics.items()}
         curve.append(Evaluation(
             version=snap.version,
             examples=examples_at(snap.version),
             wall_s=snap.wall_s,
-            test_loss=float(loss),
-            test_accuracy=float(accuracy),
+            test_loss=metrics["loss"],
+            test_accuracy=accuracy_of(metrics),
+            metrics=metrics,
         ))
     return curve
+
+
+def accuracy_of(metrics: dict[str, float]) -> float | None:
+    """The "accuracy" figure, or the only one named *accuracy (one output of several)."""
+    if "accuracy" in metrics:
+        return metrics["accuracy"]
+    named = [v for k, v in metrics.items() if k.endswith("accuracy")]
+    return named[0] if len(named) == 1 else None

@@ -1,6 +1,6 @@
 """The actors of one run: start them, run them to the end, stop them.
 
-    with Job.start(config, plan, initial, run_dir) as job:  # shards serving, workers set up
+    with Job.start(config, plan, payload, run_dir) as job:  # shards serving, workers set up
         trained = job.run(progress)                   # blocks until every worker is done
     # every actor is stopped and the placement group released, whatever happened
 
@@ -33,6 +33,16 @@ from towerps.workers import PSClient, WorkerSpec
 from towerps.workers.faults import Faults
 
 FINAL_PULL_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, eq=False)
+class Payload:
+    """What the driver hands the actors besides the config."""
+
+    initial: dict[str, np.ndarray]  # every travelling variable, whole, by key
+    state_names: frozenset = frozenset()  # keys of `initial` that are float state
+    optimizer: object = None  # an OptimizerSpec; None: config.optimizer and lr (numpy)
+    user: object = None  # a cluster.user.UserJob (the user's model and data); None: built-in
 
 
 @dataclass
@@ -69,9 +79,10 @@ class Job:
         self.records: list[dict] = []  # where each shard and worker landed (summary "placement")
 
     @classmethod
-    def start(cls, config: TrainConfig, plan: PlacementPlan, initial: dict[str, np.ndarray],
+    def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
               run_dir: str) -> Job:
-        """Place `initial` on the shards by `plan` and set every worker up; blocks until ready.
+        """Place `payload.initial` on the shards by `plan` and set every worker up;
+        blocks until ready.
 
         Raises the first actor's TowerpsError (a missing data set on a node, a
         GPU TensorFlow cannot see), after stopping everything it started.
@@ -79,29 +90,37 @@ class Job:
         job = cls(config, plan, run_dir, reserve(config))
         try:
             os.makedirs(run_dir, exist_ok=True)
-            job._start_shards(plan.split(initial))
-            job._setup_workers()
+            job._start_shards(plan.split(payload.initial), payload)
+            job._setup_workers(payload)
         except BaseException:
             job.stop()
             raise
         return job
 
-    def _start_shards(self, shard_slices: list[dict[str, np.ndarray]]) -> None:
+    def _start_shards(self, shard_slices: list[dict[str, np.ndarray]], payload: Payload) -> None:
         c = self.config
+        state = {s.name for s in self.plan.slices if s.variable in payload.state_names}
+        optimizer = payload.optimizer or c.optimizer
         records = get([
-            shard.start.remote(shard_slices[k], c.optimizer, c.learning_rate, c.num_workers,
-                               c.mode, c.end_version)
+            shard.start.remote(
+                {n: a for n, a in shard_slices[k].items() if n not in state},
+                optimizer, c.learning_rate, c.num_workers, c.mode, c.end_version,
+                state={n: a for n, a in shard_slices[k].items() if n in state})
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
         self.records += records
 
-    def _setup_workers(self) -> None:
-        c = self.config
+    def _setup_workers(self, payload: Payload) -> None:
+        c, user = self.config, payload.user
         job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
                         self.addresses, self.plan, c.wire_dtype, devices=c.devices,
-                        faults=Faults.of(c))
-        records = get([w.setup.remote(worker_spec(c, r), job) for r, w in enumerate(self.workers)])
+                        faults=Faults.of(c), user_model=user and user.build_model,
+                        loss=user and user.loss)
+        inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
+        clip = payload.optimizer and payload.optimizer.global_clipnorm
+        records = get([w.setup.remote(worker_spec(c, r, clip), job, inputs[r])
+                       for r, w in enumerate(self.workers)])
         self.records += records
         self.reservation.record(self.records)  # logs where each landed
 
@@ -140,7 +159,7 @@ class Job:
         self.stop()
 
 
-def worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
+def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = None) -> WorkerSpec:
     return WorkerSpec(
         rank=rank,
         num_workers=config.num_workers,
@@ -150,6 +169,7 @@ def worker_spec(config: TrainConfig, rank: int) -> WorkerSpec:
         pull_timeout_s=config.pull_timeout_s,
         mode=config.mode,
         end_version=config.end_version,
+        global_clipnorm=global_clipnorm,
     )
 
 

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SUMMARY_FILE = "summary.json"
@@ -54,7 +54,9 @@ class Evaluation:
     examples: int  # training examples applied up to that version
     wall_s: float  # since training started
     test_loss: float
-    test_accuracy: float
+    test_accuracy: float | None  # None: the model compiles no accuracy metric
+    # Every figure model.evaluate reports ("loss", "accuracy", "mae", ...).
+    metrics: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ class RunSummary(Mapping):
     worker_time_s: list[WorkerTime]
     run_dir: str
     config: dict  # TrainConfig.to_dict()
+    # The final evaluation's every metric (model.evaluate's names); {} without test data.
+    test_metrics: dict = field(default_factory=dict)
 
     # -- summary.json -----------------------------------------------------
 
@@ -140,7 +144,7 @@ class RunSummary(Mapping):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
         """From summary.json's content; keys this version does not know are ignored."""
-        values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         values["staleness"] = Staleness(**values["staleness"])
         values["evals"] = [Evaluation(**e) for e in values["evals"]]
         values["worker_time_s"] = [WorkerTime(**w) for w in values["worker_time_s"]]

@@ -128,6 +128,32 @@ class StreamData:
         return x, y
 
 
+@dataclass(frozen=True)
+class TFDataInput:
+    """A worker's input: `factory(context)` -> tf.data.Dataset of (x, y) batches."""
+
+    factory: Callable
+
+
+@dataclass(frozen=True)
+class RayDataInput:
+    """A worker's input: its split of a Ray Data set (a DataIterator) and the (x, y) columns."""
+
+    split: object
+    columns: tuple = ("x", "y")
+
+
+def open_input(source, context: WorkerContext):
+    """The data source a worker reads: StreamData for tf.data and Ray Data,
+    ArrayData for an (x, y) pair of arrays."""
+    if isinstance(source, TFDataInput):
+        return StreamData(lambda: tf_data_batches(source.factory, context), context)
+    if isinstance(source, RayDataInput):
+        return StreamData(lambda: ray_data_batches(source.split, context, source.columns),
+                          context)
+    return ArrayData(*source)
+
+
 def tf_data_batches(factory: Callable, context: WorkerContext) -> Iterator:
     """One epoch of the tf.data.Dataset `factory(context)` makes, as numpy (x, y)."""
     dataset = factory(context)
@@ -145,16 +171,17 @@ def ray_data_batches(split, context: WorkerContext, columns: Sequence) -> Iterat
     x_columns, y_columns = columns
     for batch in split.iter_batches(batch_size=context.per_worker_batch_size,
                                     batch_format="numpy", drop_last=True):
-        yield _pick(batch, x_columns), _pick(batch, y_columns)
+        yield pick_columns(batch, x_columns), pick_columns(batch, y_columns)
 
 
-def _pick(batch: dict, columns):
+def pick_columns(batch: dict, columns):
+    """batch[columns], or {name: batch[name]} for a list of names."""
     if isinstance(columns, str):
         if columns not in batch:
             raise ConfigError(f"column {columns!r} is not in the Ray Data set; it has "
                               f"{sorted(batch)}: pass columns=(x, y) naming two of them")
         return batch[columns]
-    return {c: _pick(batch, c) for c in columns}
+    return {c: pick_columns(batch, c) for c in columns}
 
 
 def _as_xy(element):

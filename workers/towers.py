@@ -74,16 +74,17 @@ class TowerGroup:
     @classmethod
     def build(cls, make_model: Callable[[], keras.Model], devices: Sequence[str],
               balance: str = "equal", wrap: Callable[[list], list] | None = None,
-              **kwargs) -> TowerGroup:
+              loss=None, **kwargs) -> TowerGroup:
         """One replica per device, each built there, so its variables live on it.
 
         `wrap`, when given, receives the replicas and returns those to group:
-        where tests install a slow device (workers/faults.py).
+        where tests install a slow device (workers/faults.py). `loss`: for a
+        model compiled without one (Tower's `loss`).
         """
         towers = []
         for device in devices:
             with tf.device(device):
-                towers.append(Tower(make_model(), device=device))
+                towers.append(Tower(make_model(), device=device, loss=loss))
         return cls(wrap(towers) if wrap else towers, balance, **kwargs)
 
     # -- the Tower interface ---------------------------------------------

@@ -32,7 +32,7 @@ def test_cli_choices_agree_with_the_packages_that_own_them():
     "argv, message",
     [
         (["--dataset", "mnist"], "invalid choice: 'mnist'"),
-        (["--model", "resnet"], "invalid choice: 'resnet'"),
+        (["--model", "resnet"], "'resnet' is neither a built-in model"),
         (["--optimizer", "rmsprop"], "invalid choice: 'rmsprop'"),
         (["--num-workers", "two"], "invalid int value"),
     ],

@@ -19,7 +19,7 @@ SUMMARY_KEYS = [
     "mode_label", "staleness_bound", "staleness_lr", "backup_workers", "budget_s", "ended_early",
     "updates_per_step", "examples", "staleness", "pushes_dropped", "pushes_after_end",
     "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
-    "worker_time_s", "run_dir", "config",
+    "worker_time_s", "run_dir", "config", "test_metrics",
 ]
 
 
@@ -27,7 +27,8 @@ def test_summary_json_keeps_every_key_in_order_and_nested_records_keep_theirs():
     data = make_summary().to_dict()
     assert list(data) == SUMMARY_KEYS
     assert list(data["staleness"]) == ["mean", "max", "histogram"]
-    assert list(data["evals"][0]) == ["version", "examples", "wall_s", "test_loss", "test_accuracy"]
+    assert list(data["evals"][0]) == ["version", "examples", "wall_s", "test_loss", "test_accuracy",
+                                    "metrics"]
     assert list(data["worker_time_s"][0]) == [
         "rank", "pull", "compute", "push", "steps", "pushes_dropped", "versions_skipped"]
 

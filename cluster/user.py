@@ -1,0 +1,176 @@
+"""The user's own model and data: resolving them, checking them, shipping them.
+
+    build = resolve_ref("my_pkg.models:build", "--model")   # or a function
+    model = check_model(build, loss=None)                   # the driver's copy
+    data = UserData.of(train, validation, columns=("x", "y"))
+
+Everything here runs on the driver before any actor starts, so a bad
+reference, a function that returns no model, or a model compiled without a
+loss fails at once, naming the problem.
+
+How the user's code reaches the workers: `build_model` and a tf.data factory
+travel to every worker pickled. A function from a module that is not an
+installed package (a script, a checkout's `examples/`) is pickled by value
+with what it uses of its module (`ship_by_value`), so the workers need not
+import that module; an installed package must be installed on every node
+(or sent with the job: `ray job submit --working-dir .` or `runtime_env`
+`py_modules`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from towerps.errors import ConfigError
+
+DATA_KINDS = ("arrays", "tf_data", "ray_data")
+
+
+def resolve_ref(ref, flag: str) -> Callable:
+    """A `module:function` reference (or a callable, returned as is) as a callable.
+
+    The module is imported as `python -m` would: the current directory first.
+    """
+    if callable(ref):
+        return ref
+    if not isinstance(ref, str) or ref.count(":") != 1:
+        raise ConfigError(f"{flag} {ref!r} is not a module:function reference; "
+                          "write e.g. my_pkg.models:build")
+    module_name, name = ref.split(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"{flag} {ref!r}: cannot import module {module_name!r} ({err}); "
+                          "run from the folder that holds it or install it") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ConfigError(f"{flag} {ref!r}: module {module_name!r} has no function {name!r}")
+    return function
+
+
+def describe(function: Callable) -> str:
+    """`module:qualname` of a function, as --model and --data take it."""
+    return f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', function)}"
+
+
+def check_model(build_model: Callable, loss=None):
+    """Call `build_model()` and check it gives a built keras.Model that has a loss."""
+    import keras
+
+    from towerps.workers.tower import Tower
+
+    model = build_model()
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"the model function {describe(build_model)} returned "
+                          f"{type(model).__name__}, not a keras.Model; return the model it builds")
+    Tower(model, loss=loss)  # raises: not built, no loss, constraints
+    return model
+
+
+@dataclass(frozen=True, eq=False)
+class UserData:
+    """Training data in one of DATA_KINDS, and optional validation data.
+
+    arrays:   train = (x, y), nests of numpy arrays
+    tf_data:  train = factory(context) -> tf.data.Dataset of (x, y) batches
+    ray_data: train = ray.data.Dataset with the `columns` (x, y)
+    validation: (x, y) arrays or a tf.data.Dataset of batches, evaluated on the driver.
+    """
+
+    kind: str
+    train: object
+    validation: object = None
+    columns: tuple = ("x", "y")
+
+    @classmethod
+    def of(cls, train, validation=None, columns=("x", "y")) -> UserData:
+        if type(train).__module__.startswith("ray.data"):
+            return cls("ray_data", train, validation, tuple(columns))
+        if callable(train):
+            return cls("tf_data", train, validation, tuple(columns))
+        if isinstance(train, (tuple, list)) and len(train) == 2:
+            from towerps.workers.inputs import ArrayData
+
+            ArrayData(*train)  # checks the lengths
+            return cls("arrays", tuple(train), validation, tuple(columns))
+        raise ConfigError(
+            f"train={type(train).__name__} is not training data; give (x, y) arrays, a "
+            "function context -> tf.data.Dataset of (x, y) batches, or a ray.data.Dataset")
+
+    def test_data(self) -> tuple | None:
+        """The validation data as model.evaluate takes it: (x, y), or (dataset, None)."""
+        validation = self.validation
+        if validation is None:
+            return None
+        if type(validation).__module__.startswith("ray.data"):
+            # Evaluated on the driver: a validation set fits one process.
+            from towerps.workers.inputs import pick_columns
+
+            batch = validation.take_batch(validation.count(), batch_format="numpy")
+            return pick_columns(batch, self.columns[0]), pick_columns(batch, self.columns[1])
+        if isinstance(validation, (tuple, list)) and len(validation) == 2:
+            return tuple(validation)
+        if hasattr(validation, "as_numpy_iterator"):
+            return validation, None
+        raise ConfigError(f"validation={type(validation).__name__} is not validation data; "
+                          "give (x, y) arrays, a tf.data.Dataset of (x, y) batches, or a "
+                          "ray.data.Dataset")
+
+    def check_mode(self, mode) -> None:
+        """Ray Data splits advance together: refuse modes where a worker lags or skips."""
+        if self.kind == "ray_data" and (mode.name != "sync" or mode.backup_workers):
+            raise ConfigError(
+                f"--mode {mode.label} with a Ray Data set: its splits advance together, so a "
+                "worker that lags or skips would stall the others; use --mode sync without "
+                "backup workers, or arrays / a tf.data factory")
+
+
+def ship_by_value(*functions) -> None:
+    """Pickle each function's module by value when it is not an installed package."""
+    from ray import cloudpickle
+
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    for function in functions:
+        module = sys.modules.get(getattr(function, "__module__", None) or "")
+        path = getattr(module, "__file__", None)
+        if module is None or path is None or module.__name__ == "__main__":
+            continue  # __main__ is pickled by value anyway
+        if any(os.path.abspath(path).startswith(p) for p in installed):
+            continue
+        if module.__name__.split(".")[0] == "towerps":
+            continue
+        cloudpickle.register_pickle_by_value(module)
+
+
+@dataclass(frozen=True, eq=False)
+class UserJob:
+    """The user's model and data, as the driver hands them to the actors."""
+
+    build_model: Callable  # () -> compiled keras.Model; called in every worker
+    data: UserData
+    loss: object = None  # for a model compiled without a loss
+
+    def worker_inputs(self, num_workers: int) -> list:
+        """Each worker's input (workers/inputs.py), by rank.
+
+        Arrays go to the object store once and every worker maps them; a
+        tf.data factory travels pickled; a Ray Data set is split into one
+        streaming iterator per worker (equal shares), so no process holds it.
+        """
+        import ray
+
+        from towerps.workers.inputs import RayDataInput, TFDataInput
+
+        if self.data.kind == "arrays":
+            return [ray.put(self.data.train)] * num_workers
+        if self.data.kind == "tf_data":
+            return [TFDataInput(self.data.train)] * num_workers
+        splits = self.data.train.streaming_split(num_workers, equal=True)
+        return [RayDataInput(split, self.data.columns) for split in splits]
