@@ -136,8 +136,6 @@ class KerasOptimizer(Optimizer):
         if lr_scale != 1.0:
             raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only, "
                               f"not of Keras' {self.name}; drop --staleness-lr")
-        import keras
-
         checked = {name: _checked(name, params, g) for name, g in grads.items()}
         if not self._variables:
             self._build(params)
@@ -152,27 +150,34 @@ class KerasOptimizer(Optimizer):
             params[name][...] = self._variables[name].numpy()
         self.iterations += 1
 
-    def state(self) -> dict[str, np.ndarray]:
-        """The Keras optimizer's variables by their paths (iterations included)."""
-        return {v.path: np.array(v.numpy()) for v in self._optimizer.variables}
-
-    def load_state(self, state: dict[str, np.ndarray], params: dict | None = None) -> None:
-        """Assign a `state()` dict; `params` builds the slots first if no
-        `apply` has yet (a shard restored from a checkpoint)."""
-        if not self._variables and params is not None:
-            self._build(params)
-        for variable in self._optimizer.variables:
-            if variable.path not in state:
-                raise BadTensor(f"optimizer state lacks {variable.path!r}; was it saved by "
-                                f"another optimizer than {self.name}?")
-            variable.assign(state[variable.path])
-        self.iterations = int(self._optimizer.iterations.numpy())
-
     def _build(self, params) -> None:
+        """Keras variables for every one of `params`, and the optimizer's slots (once)."""
+        if self._variables:
+            return
         import keras
 
         self._variables = {n: keras.Variable(params[n], name=short_name(n)) for n in params}
         self._optimizer.build(list(self._variables.values()))
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The Keras optimizer's variables (iterations, slots), keyed "NNNN/path" by
+        position: slot paths repeat across variables with the same short name."""
+        return {f"{i:04d}/{v.path}": np.array(v.numpy())
+                for i, v in enumerate(self._optimizer.variables)}
+
+    def load_state(self, state: dict[str, np.ndarray], params: dict | None = None) -> None:
+        """Replace the optimizer's variables with those of `state()` output; `params`
+        (the shard's variables) builds the slots first if no update has yet."""
+        if params is not None:
+            self._build(params)
+        mine = self.state()
+        if set(state) != set(mine):
+            raise BadTensor(f"optimizer state holds {sorted(state)[:4]}..., this {self.name} "
+                            f"holds {sorted(mine)[:4]}...; was it saved by another optimizer "
+                            "or model?")
+        for i, variable in enumerate(self._optimizer.variables):
+            variable.assign(state[f"{i:04d}/{variable.path}"])
+        self.iterations = int(self._optimizer.iterations.numpy())
 
     def __repr__(self) -> str:
         return f"KerasOptimizer({self.name}, iterations={self.iterations})"

@@ -129,3 +129,21 @@ def test_global_clipnorm_is_left_to_the_worker():
 def test_refusals_say_what_to_do(make, words):
     with pytest.raises(ConfigError, match=words):
         optimizer_spec(make())
+
+
+def test_a_keras_optimizer_state_loads_into_a_fresh_shard_optimizer():
+    """A shard restored from a checkpoint goes on as if it had never stopped."""
+    params, grads = start_weights_and_grads()
+    spec = optimizer_spec(keras.optimizers.AdamW(schedule(), weight_decay=0.1))
+    first = spec.build()
+    ran = {k: v.copy() for k, v in params.items()}
+    for step in grads[:2]:
+        first.apply(ran, step)
+    second = spec.build()
+    resumed = {k: v.copy() for k, v in ran.items()}
+    second.load_state(first.state(), resumed)
+    for step in grads[2:]:
+        first.apply(ran, step)
+        second.apply(resumed, step)
+    for k in SHAPES:
+        np.testing.assert_array_equal(resumed[k], ran[k])
