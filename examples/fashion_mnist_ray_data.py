@@ -18,6 +18,7 @@ def build_model():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
         keras.Input((28, 28, 1)),
+        keras.layers.Rescaling(1 / 255),  # raw pixels, 0-255
         keras.layers.Flatten(),
         keras.layers.Dense(256, activation="relu"),
         keras.layers.Dense(128, activation="relu"),
@@ -34,7 +35,7 @@ def _rows(batch: dict) -> dict:
     from towerps.workers.data import load_fashion_mnist
 
     data = load_fashion_mnist()
-    return {"x": data.x_train[batch["id"]], "y": data.y_train[batch["id"]]}
+    return {"x": data.x_train[batch["id"]].astype("float32"), "y": data.y_train[batch["id"]]}
 
 
 def load_data(num_rows: int = 60_000, seed: int = 0):
@@ -46,7 +47,7 @@ def load_data(num_rows: int = 60_000, seed: int = 0):
     train = (ray.data.range(num_rows, override_num_blocks=8)
              .random_shuffle(seed=seed)
              .map_batches(_rows, batch_size=4096))
-    return {"train": train, "validation": (test.x_test, test.y_test)}
+    return {"train": train, "validation": (test.x_test.astype("float32"), test.y_test)}
 
 
 def main(steps: int = 300, run_dir: str | None = None, **options):

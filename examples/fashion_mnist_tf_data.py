@@ -17,7 +17,7 @@ import tensorflow as tf
 def build_model():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((28, 28, 1))
-    h = inputs
+    h = keras.layers.Rescaling(1 / 255)(inputs)  # raw pixels, 0-255
     for filters in (16, 32):
         h = keras.layers.Conv2D(filters, 3, use_bias=False)(h)
         h = keras.layers.BatchNormalization()(h)
@@ -33,7 +33,8 @@ def build_model():
 
 
 def fashion_mnist():
-    """Fashion-MNIST as float32 images in [0, 1] (towerps finds or fetches the files)."""
+    """Fashion-MNIST, images (n, 28, 28, 1) of raw uint8 pixels (towerps finds or
+    fetches the files)."""
     from towerps.workers.data import load_fashion_mnist
 
     return load_fashion_mnist()
@@ -44,6 +45,7 @@ def make_dataset(context):
     data = fashion_mnist()
     return (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
             .shard(context.num_input_pipelines, context.input_pipeline_id)
+            .map(lambda x, y: (tf.cast(x, tf.float32), y))
             .shuffle(10_000, seed=context.seed)
             .batch(context.per_worker_batch_size, drop_remainder=True)
             .prefetch(2))
@@ -53,8 +55,8 @@ def main(steps: int = 300, run_dir: str | None = None, **options):
     import towerps
 
     test = fashion_mnist()
-    result = towerps.fit(build_model, train=make_dataset, validation=(test.x_test, test.y_test),
-                         num_workers=2, num_ps=2, batch_size=128, steps=steps, run_dir=run_dir,
+    validation = (test.x_test.astype("float32"), test.y_test)
+    result = towerps.fit(build_model, train=make_dataset, validation=validation, num_workers=2, num_ps=2, batch_size=128, steps=steps, run_dir=run_dir,
                          **options)
     print("test metrics:", {k: round(v, 4) for k, v in result.test_metrics.items()})
     return result
