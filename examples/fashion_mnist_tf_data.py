@@ -56,8 +56,8 @@ def main(steps: int = 300, run_dir: str | None = None, **options):
 
     test = fashion_mnist()
     validation = (test.x_test.astype("float32"), test.y_test)
-    result = towerps.fit(build_model, train=make_dataset, validation=validation, num_workers=2, num_ps=2, batch_size=128, steps=steps, run_dir=run_dir,
-                         **options)
+    result = towerps.fit(build_model, train=make_dataset, validation=validation, num_workers=2,
+                         num_ps=2, batch_size=128, steps=steps, run_dir=run_dir, **options)
     print("test metrics:", {k: round(v, 4) for k, v in result.test_metrics.items()})
     return result
 

@@ -78,8 +78,8 @@ def test_fashion_mnist_reaches_0_85_in_1000_steps_with_2_workers_and_2_shards(
     test = fashion_mnist_tf_data.fashion_mnist()
     validation = (test.x_test.astype("float32"), test.y_test)
     result = towerps.fit(fashion_mnist_ray_data.build_model, train=train, validation=validation,
-                         num_workers=2, num_ps=2, batch_size=128, steps=1000, log_every=100, run_dir=str(tmp_path),
-                         progress=False)
+                         num_workers=2, num_ps=2, batch_size=128, steps=1000, log_every=100,
+                         run_dir=str(tmp_path), progress=False)
     assert result.summary.steps == 1000
     assert result.test_metrics["accuracy"] >= 0.85
     assert np.isfinite(result.history["loss"]).all()
