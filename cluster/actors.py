@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import ray
 
@@ -53,25 +53,42 @@ class ShardActor:
         self._index = index
         self._shard = None
         self._server = None
+        self._checkpoints = None  # ShardCheckpoints
+        self._writer = None  # its PartWriter
+        self._clocks = None  # resumed: each worker's clock in the checkpoint
 
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
-              mode=None, end_version: int | None = None, state: dict | None = None) -> dict:
+              mode=None, end_version: int | None = None, state: dict | None = None,
+              checkpoints=None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
         (a Keras optimizer makes this process import TensorFlow). `mode` is a
         towerps.ps.Mode (None: sync); `end_version` the run's last version;
-        `state` the float non-trainable variables this shard keeps.
+        `state` the float non-trainable variables this shard keeps;
+        `checkpoints` a ShardCheckpoints (None: none taken), whose
+        `resume_version` makes the shard start from that checkpoint's part.
         """
         from towerps.ps import Shard, create_server, make_optimizer
+        from towerps.ps.checkpoint import PartWriter
 
         if isinstance(optimizer, str):
             optimizer = make_optimizer(optimizer, lr)
         else:
             optimizer = optimizer.build()
-        self._shard = Shard(
-            self._index, variables, optimizer, num_workers, mode, end_version, state=state
-        )
+        resume = checkpoints.resume_version if checkpoints else None
+        if resume is None:
+            self._shard = Shard(
+                self._index, variables, optimizer, num_workers, mode, end_version, state=state
+            )
+        else:
+            part = checkpoints.store.read_part(resume, self._index)
+            self._shard = Shard.from_state(part, optimizer, mode, end_version)
+            self._clocks = list(part.clocks)
+        if checkpoints is not None:
+            self._checkpoints = checkpoints
+            self._writer = PartWriter(checkpoints.store, checkpoints.num_shards)
+            self._shard.take_checkpoints(checkpoints.every, self._writer)
         host = ray.util.get_node_ip_address()
         # Each worker may hold a Push and a waiting Pull at once.
         self._server, port = create_server(
@@ -80,7 +97,25 @@ class ShardActor:
         record = _node_record("ps", self._index)
         record["address"] = f"{host}:{port}"
         record["parameter_bytes"] = self._shard.parameter_bytes
+        record["version"] = self._shard.version  # above 0 when resumed from a checkpoint
         return record
+
+    def resumed_clocks(self) -> list[int] | None:
+        """Each worker's clock in the part this shard started from (None: not resumed)."""
+        return self._clocks
+
+    def rollback(self, version: int) -> int:
+        """Go back to this shard's part of checkpoint `version`; returns the version."""
+        self._shard.restore(self._checkpoints.store.read_part(version, self._index))
+        return version
+
+    def checkpoint_records(self) -> list[dict]:
+        """Every part this shard handed to its writer: pause, write time, bytes
+        (waits up to a minute for the parts still being written)."""
+        if self._writer is None:
+            return []
+        self._writer.flush(timeout_s=60.0)
+        return [asdict(r) for r in self._writer.records]
 
     def end_at(self, version: int) -> int:
         """End the run at `version` (a time budget ran out); returns the end in force."""
@@ -91,6 +126,18 @@ class ShardActor:
             self._shard.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait()
+        if self._writer is not None:
+            self._writer.close()  # parts already copied are still written
+
+
+@dataclass(frozen=True)
+class ShardCheckpoints:
+    """What a shard actor needs to take checkpoints, or to start from one."""
+
+    every: int  # versions between checkpoints
+    store: object  # a CheckpointStore or cluster/checkpoints.py's SinkStore
+    num_shards: int
+    resume_version: int | None = None  # start from this checkpoint's part
 
 
 @dataclass(frozen=True)
@@ -155,8 +202,8 @@ class WorkerActor:
         """Each tower's device, batch share and rows (shares move with `measured`)."""
         return self._worker.tower.report()
 
-    def run(self, start_step: int = 0):
-        return self._worker.run(start_step)
+    def run(self, start_step: int = 0, data_step: int | None = None):
+        return self._worker.run(start_step, data_step)
 
 
 def _data_and_model(spec, job: WorkerJob, inputs):

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="async/ssp: divide the lr of each push by its staleness")
     modes.add_argument("--backup-workers", type=int, default=0, metavar="B",
                        help="sync: apply a step once all but B workers pushed; drop the late ones")
+    train.add_argument("--resume", default=None, metavar="RUN_DIR",
+                       help="go on from the latest complete checkpoint of RUN_DIR with its saved "
+                       "configuration (only --address and --steps may change it)")
 
     compare = commands.add_parser(
         "compare", help="train in several modes, one after the other; write report.md and plots"
@@ -118,6 +121,13 @@ def _add_job_flags(parser) -> None:
     add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
     add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
         help="dtype of gradients and parameters on the wire; shards still apply in float32")
+    add("--checkpoint-every", type=int, default=0, metavar="N",
+        help="checkpoint every shard every N steps (default 0: none)")
+    add("--checkpoint-dir", default=None, metavar="DIR_OR_URI",
+        help="where checkpoints go (default RUN_DIR/checkpoints, via the driver's node); "
+        "a folder every node sees, or a pyarrow.fs URI: s3://, gs://, file://")
+    add("--keep-checkpoints", type=int, default=3, metavar="K",
+        help="complete checkpoints kept (default 3)")
     add("--sum-order", choices=SUM_ORDERS, default="rank",
         help="sync: add a step's gradients in rank order, so runs repeat bit for bit "
         "(default), or as they arrive (holds none back)")
@@ -219,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             log_every=args.log_every,
             wire_dtype=args.wire_dtype,
             slow_worker=args.slow_worker,
+            checkpoint_every=args.checkpoint_every,
+            checkpoint_dir=args.checkpoint_dir,
+            keep_checkpoints=args.keep_checkpoints,
             devices=_device_config(args),
             dashboard=args.dashboard,
             verbose=args.verbose,
@@ -230,10 +243,15 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "compare":
             return _compare(config, args)
-        if args.command == "train":
-            _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
-            config = replace(config, run_dir=args.run_dir)
-        summary = train(config)
+        if args.resume is not None:
+            from towerps.cluster.driver import resume_config
+
+            summary = train(resume_config(args.resume, args.address, args.steps), resume=True)
+        else:
+            if args.command == "train":
+                _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
+                config = replace(config, run_dir=args.run_dir)
+            summary = train(config)
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
         return 2

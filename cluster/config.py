@@ -12,6 +12,7 @@ summary.json's "config" always had it.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
@@ -23,6 +24,9 @@ from towerps.workers.data import DATASETS
 from towerps.workers.devices import DeviceConfig
 from towerps.workers.faults import parse_slow
 from towerps.workers.catalog import DEFAULT_MODEL, MODELS
+
+
+CONFIG_FILE = "config.json"  # in the run directory: the configuration, for --resume
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,11 @@ class TrainConfig:
     # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
     slow_worker: str | None = None
     pull_timeout_s: float = 300.0
+    # Shard checkpoints (ps/checkpoint.py, cluster/checkpoints.py): every N
+    # global batches (0: none), into the run directory or a pyarrow.fs URI.
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 3
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
     devices: DeviceConfig = field(default_factory=DeviceConfig)
     verbose: bool = False  # show TensorFlow's, absl's and Ray's start-up logs
@@ -124,6 +133,18 @@ class TrainConfig:
             raise ConfigError(f"--budget-s must be positive, got {self.budget_s}")
         if self.eval_points < 0:
             raise ConfigError(f"eval_points must be 0 or more, got {self.eval_points}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(
+                f"--checkpoint-every must be 0 (no checkpoints) or a number of steps, "
+                f"got {self.checkpoint_every}"
+            )
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.checkpoint_dir is not None and not self.checkpoint_every:
+            raise ConfigError(
+                f"--checkpoint-dir {self.checkpoint_dir!r} needs --checkpoint-every N "
+                "(steps between checkpoints)"
+            )
         if self.pull_timeout_s <= 0:
             raise ConfigError(f"pull_timeout_s must be positive, got {self.pull_timeout_s}")
         towers, rows = self.devices.num_towers(), self.batch_size // self.num_workers
@@ -167,6 +188,40 @@ class TrainConfig:
                 value = getattr(self, f.name)
                 data[f.name] = asdict(value) if is_dataclass(value) else value
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """From `to_dict()` output (config.json); keys this version does not know
+        are ignored, missing ones take their defaults."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("devices"), dict):
+            values["devices"] = DeviceConfig(**values["devices"])
+        if isinstance(values.get("mode"), str):  # written as the CLI's mode flags
+            flags = {k: data[k] for k in ("staleness", "staleness_lr", "backup_workers",
+                                          "sum_order") if k in data}
+            values["mode"] = Mode(values["mode"], **flags)
+        return cls(**values)
+
+    def save(self, run_dir: str) -> str:
+        """Write config.json into `run_dir` (what `towerps train --resume` reads)."""
+        path = os.path.join(run_dir, CONFIG_FILE)
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+        return path
+
+    @classmethod
+    def load(cls, run_dir: str) -> TrainConfig:
+        """The configuration a run saved in `run_dir`; ConfigError if it has none."""
+        path = os.path.join(run_dir, CONFIG_FILE)
+        try:
+            with open(path) as f:
+                return cls.from_dict(json.load(f))
+        except FileNotFoundError:
+            raise ConfigError(
+                f"--resume {run_dir!r}: no {CONFIG_FILE} there; name the run directory of a "
+                "`towerps train` run (it holds config.json, summary.json, checkpoints/)"
+            ) from None
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

@@ -18,12 +18,19 @@
  4. evaluate  the test set on the final parameters (and on the snapshots
               taken along the way, with eval_points; cluster/evals.py);
  5. save      model.keras and summary.json (cluster/summary.py) in the run
-              directory.
+              directory, and model.keras of the latest complete checkpoint
+              in its folder (with --checkpoint-every).
+
+`towerps train --resume RUN_DIR` is `train(resume_config(RUN_DIR), resume=True)`:
+the shards start from the run's latest complete checkpoint, the workers from
+its version, and the run ends as the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 import time
 from dataclasses import dataclass, replace
 
@@ -31,12 +38,15 @@ import keras
 import numpy as np
 
 from towerps import __version__
+from towerps.cluster.checkpoints import latest_checkpoint
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.evals import Snapshot, evaluate
 from towerps.cluster.job import Job, Payload, Trained
 from towerps.cluster.placement import fit_to_cluster
 from towerps.cluster.session import ray_session
-from towerps.cluster.summary import Evaluation, RunSummary, Staleness, WorkerTime
+from towerps.cluster.summary import (
+    CheckpointSummary, Evaluation, RunSummary, Staleness, WorkerTime,
+)
 from towerps.cluster.user import UserJob
 from towerps.errors import ConfigError
 from towerps.ps.placement import PlacementPlan, plan_placement
@@ -47,23 +57,25 @@ from towerps.workers.models import compile_model, model_input_shape
 # so the job never waits for CPUs its own actors hold.
 RAY_DATA_CPUS = 2
 
-
 def train(config: TrainConfig, progress: bool | None = None,
-          user: UserJob | None = None) -> RunSummary:
+          user: UserJob | None = None, resume: bool = False) -> RunSummary:
     """Run one training job to the end; returns its summary (also written to disk).
 
     Blocks until done. Raises TowerpsError subclasses with a message naming
     the problem; actors are stopped whatever happens. `progress=None` shows a
     progress bar only on a terminal. `user`: the user's model and data
     (towerps.fit); None: the built-in data set and model the config names.
+    `resume`: go on from the latest complete checkpoint in the run directory
+    (`resume_config` reads its configuration).
     """
-    return train_model(config, progress, user)[0]
+    return train_model(config, progress, user, resume)[0]
 
 
 def train_model(config: TrainConfig, progress: bool | None = None,
-                user: UserJob | None = None) -> tuple[RunSummary, keras.Model]:
+                user: UserJob | None = None, resume: bool = False) -> tuple[RunSummary, keras.Model]:
     """`train`, also returning the driver's model, which holds the final weights."""
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
+    resume_version = latest_checkpoint(config, run_dir) if resume else None
     prepared = prepare(config) if user is None else prepare_user(config, user)
     if user is not None:  # the summary names the optimizer the model compiled with
         config = replace(config, optimizer=prepared.optimizer.name, lr=prepared.optimizer.lr)
@@ -75,12 +87,14 @@ def train_model(config: TrainConfig, progress: bool | None = None,
         if spare:
             _check_cpus_left_for_ray_data(config)
         plan = prepared.plan_for(config.num_ps)
-        with Job.start(config, plan, prepared.payload(), run_dir) as job:
+        with Job.start(config, plan, prepared.payload(), run_dir, resume_version) as job:
+            config.save(run_dir)  # what --resume reads
             trained = job.run(progress)
     evals = evaluate_run(config, prepared, trained)
     summary = summarize(config, prepared, job, trained, evals,
                         startup_s=trained.train_started_at_s - t_start)
     save(prepared, trained, summary)
+    export_checkpoint_model(prepared, job)
     return summary, prepared.model
 
 
@@ -95,6 +109,18 @@ def _check_cpus_left_for_ray_data(config: TrainConfig) -> None:
             f"the Ray cluster has {total:g} CPUs and this job's {held} actors hold {held}: "
             f"none is left for Ray Data's tasks; start Ray with more CPUs (ray.init(num_cpus="
             f"{held + RAY_DATA_CPUS})) or let towerps start it (no ray.init before fit)")
+
+
+def resume_config(run_dir: str, address: str | None = None, steps: int | None = None) -> TrainConfig:
+    """The configuration a run saved, to go on from its latest checkpoint:
+    optionally on another cluster (`address`) or to another end (`steps`)."""
+    config = TrainConfig.load(run_dir)
+    changes = {"run_dir": run_dir}
+    if address is not None:
+        changes["address"] = address
+    if steps is not None:
+        changes["steps"] = steps
+    return dataclasses.replace(config, **changes)
 
 
 @dataclass
@@ -189,6 +215,28 @@ def save(prepared: Prepared, trained: Trained, summary: RunSummary) -> None:
     summary.write()
 
 
+def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
+    """model.keras of the latest complete checkpoint, into its folder; returns
+    the version (None without checkpoints). Reads every shard's part."""
+    if job.checkpoints is None:
+        return None
+    store = job.checkpoints.driver_store()
+    version = store.latest()
+    if version is None:
+        return None
+    slices: dict[str, np.ndarray] = {}
+    for k in range(job.checkpoints.num_shards):
+        part = store.read_part(version, k)
+        slices.update(part.params)
+        slices.update(part.non_trainable)
+    prepared.tower.set_weights(job.plan.join(slices))
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        prepared.model.save(path)
+        store.put_file(version, "model.keras", path)
+    return version
+
+
 def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Trained,
               evals: list[Evaluation], startup_s: float) -> RunSummary:
     """The run's figures from its phases' results."""
@@ -249,4 +297,8 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         run_dir=job.run_dir,
         config=config.to_dict(),
         test_metrics=final.metrics if final else {},
+        checkpoints=None if job.checkpoints is None else CheckpointSummary.of(
+            config.checkpoint_every, job.checkpoints.uri,
+            job.checkpoints.driver_store().complete(), job.resume_version,
+            trained.checkpoint_parts),
     )

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
-from towerps.cluster.actors import ShardActor, WorkerActor, WorkerJob
+from towerps.cluster.actors import ShardActor, ShardCheckpoints, WorkerActor, WorkerJob
+from towerps.cluster.checkpoints import CheckpointPlan, start_sink
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
@@ -56,6 +57,7 @@ class Trained:
     wall_s: float  # of training alone
     towers: list[list[dict]]  # per worker rank: each tower's device, share and rows
     counters: list  # every shard's final StatusReply, by shard index
+    checkpoint_parts: list[list[dict]]  # per shard: each part its writer handled (PartRecord)
 
 
 class Job:
@@ -77,19 +79,25 @@ class Job:
         ]
         self.addresses: tuple[str, ...] = ()
         self.records: list[dict] = []  # where each shard and worker landed (summary "placement")
+        self.checkpoints = CheckpointPlan.for_job(config, run_dir)  # None: none taken
+        self.sink = None  # the actor that writes parts on the driver's node
+        self.resume_version: int | None = None  # started from this checkpoint
 
     @classmethod
     def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
-              run_dir: str) -> Job:
+              run_dir: str, resume_version: int | None = None) -> Job:
         """Place `payload.initial` on the shards by `plan` and set every worker up;
         blocks until ready.
 
-        Raises the first actor's TowerpsError (a missing data set on a node, a
-        GPU TensorFlow cannot see), after stopping everything it started.
+        `resume_version`: the shards start from that checkpoint instead, the
+        workers from its version. Raises the first actor's TowerpsError (a
+        missing data set on a node, a GPU TensorFlow cannot see), after
+        stopping everything it started.
         """
         job = cls(config, plan, run_dir, reserve(config))
         try:
             os.makedirs(run_dir, exist_ok=True)
+            job.resume_version = resume_version
             job._start_shards(plan.split(payload.initial), payload)
             job._setup_workers(payload)
         except BaseException:
@@ -97,15 +105,25 @@ class Job:
             raise
         return job
 
+    def _shard_checkpoints(self) -> ShardCheckpoints | None:
+        plan = self.checkpoints
+        if plan is None:
+            return None
+        self.sink = start_sink(plan)
+        return ShardCheckpoints(plan.every, plan.shard_store(self.sink), plan.num_shards,
+                                self.resume_version)
+
     def _start_shards(self, shard_slices: list[dict[str, np.ndarray]], payload: Payload) -> None:
         c = self.config
         state = {s.name for s in self.plan.slices if s.variable in payload.state_names}
         optimizer = payload.optimizer or c.optimizer
+        checkpoints = self._shard_checkpoints()
         records = get([
             shard.start.remote(
                 {n: a for n, a in shard_slices[k].items() if n not in state},
                 optimizer, c.learning_rate, c.num_workers, c.mode, c.end_version,
-                state={n: a for n, a in shard_slices[k].items() if n in state})
+                state={n: a for n, a in shard_slices[k].items() if n in state},
+                checkpoints=checkpoints)
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
@@ -132,24 +150,36 @@ class Job:
         """
         with PSClient(list(self.addresses), self.plan, self.config.wire_dtype) as client:
             t_train = time.time()
-            watched = watch(self.config, self.workers, self.shards, client, self.run_dir,
-                            t_train, progress, get)
+            start = self.resume_version or 0
+            runs = [w.run.remote(start, data_step) for w, data_step
+                    in zip(self.workers, self._data_steps())]
+            watched = watch(self.config, runs, self.shards, client, self.run_dir,
+                            t_train, progress, get, start=start)
             wall_s = time.time() - t_train
             towers = get([w.towers.remote() for w in self.workers])
             # Every worker is done: nothing changes any more (a budget may
             # have ended shards a version apart: take what they hold).
             version, params = client.pull(min_version=0, timeout_s=FINAL_PULL_TIMEOUT_S)
             counters = client.status(since_version=version)
-        return Trained(version, params, watched, t_train, wall_s, towers, counters)
+            parts = get([s.checkpoint_records.remote() for s in self.shards])
+        return Trained(version, params, watched, t_train, wall_s, towers, counters, parts)
+
+    def _data_steps(self) -> list[int | None]:
+        """Per worker: the global batch its first gradient trains on (async/ssp
+        resumed: its clock in the checkpoint, the lowest any shard holds)."""
+        if self.resume_version is None or self.config.mode.aggregates:
+            return [None] * self.config.num_workers
+        clocks = get([s.resumed_clocks.remote() for s in self.shards])
+        return [min(c[rank] for c in clocks) for rank in range(self.config.num_workers)]
 
     def stop(self) -> None:
         """Stop the shards (waking their waiting calls), kill every actor, free the
         reservation. Idempotent."""
         for actor in self.shards:
             _stop_quietly(actor)
-        for actor in self.workers + self.shards:
+        for actor in self.workers + self.shards + [self.sink] * (self.sink is not None):
             ray.kill(actor)
-        self.shards, self.workers = [], []
+        self.shards, self.workers, self.sink = [], [], None
         self.reservation.release()
 
     def __enter__(self) -> Job:

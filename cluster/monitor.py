@@ -1,6 +1,6 @@
 """Watching a run: the workers, the shards' update log, metrics.jsonl, the time budget.
 
-    result = watch(config, workers, shards, client, run_dir, t_train, progress, get)
+    result = watch(config, runs, shards, client, run_dir, t_train, progress, get, start=0)
 
 While the workers run, the driver polls shard 0's update log (every shard
 makes every update; shard 0's records carry the loss, examples and staleness
@@ -67,27 +67,35 @@ class _Window:
         self.histogram[record.staleness] += 1
 
 
-def watch(config, workers, shards, client, run_dir: str, t_train: float,
-          progress: bool | None, get: Callable[[list], list]) -> WatchResult:
-    """Run every worker to the end, logging the shards' updates as they apply.
+def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
+          progress: bool | None, get: Callable[[list], list], start: int = 0) -> WatchResult:
+    """Wait for every worker's run (`runs`: their `run` calls' ObjectRefs),
+    logging the shards' updates as they apply.
 
     `get` is ray.get that re-raises towerps errors. A failing worker raises
     here at once; the caller stops the rest. Blocks until every worker is done.
+    `start` > 0 (resumed from a checkpoint of that version): metrics.jsonl
+    keeps its records up to `start` and goes on after them.
     """
     mode = config.mode
     target = config.end_version
     per_log = config.log_every * mode.updates_per_step(config.num_workers)
     result = WatchResult([], [], [], False)
     snapshots = Snapshots(config.eval_points) if config.eval_points else None
-    pending = {w.run.remote(): w for w in workers}
+    pending = set(runs)
     done: dict = {}
-    window, seen, total = _Window(t_train), 0, 0
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    kept = _records_up_to(metrics_path, start) if start else []
+    # Examples before `start`: every update trains on batch / updates_per_step of them.
+    total = start * config.batch_size // mode.updates_per_step(config.num_workers)
+    window, seen = _Window(t_train), start
     # Every worker pulls and pushes every parameter once per step.
     parameters = sum(s.nbytes for s in client.plan.slices) // 4
     wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
-    bar = tqdm(total=None if config.budget_s is not None else target, unit="update",
+    bar = tqdm(total=None if config.budget_s is not None else target, initial=start, unit="update",
                disable=None if progress is None else not progress)
-    with bar, open(os.path.join(run_dir, "metrics.jsonl"), "w") as metrics:
+    with bar, open(metrics_path, "w") as metrics:
+        metrics.writelines(json.dumps(r) + "\n" for r in kept)
 
         def log(record, dropped: int) -> None:
             nonlocal window
@@ -114,7 +122,7 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
                 for ref in ready:
                     done[ref] = get([ref])[0]
-                    del pending[ref]
+                    pending.discard(ref)
             replies = client.status(since_version=seen)
             for record in replies[0].steps:
                 seen, last = record.version, record
@@ -147,3 +155,13 @@ def watch(config, workers, shards, client, run_dir: str, t_train: float,
     result.snapshots = snapshots.items if snapshots is not None else []
     return result
 
+
+
+def _records_up_to(path: str, version: int) -> list[dict]:
+    """metrics.jsonl's records of the steps up to `version` (a resumed run's past)."""
+    try:
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [r for r in records if r["step"] <= version]

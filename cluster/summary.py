@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,41 @@ class WorkerTime:
     steps: int
     pushes_dropped: int
     versions_skipped: int
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """The run's shard checkpoints (ps/checkpoint.py) and what they cost."""
+
+    every: int  # steps (global batches) between checkpoints
+    uri: str  # where they are
+    complete: list[int]  # versions of the complete checkpoints kept, oldest first
+    resumed_from: int | None  # the checkpoint this run started from
+    parts_written: int  # over all shards
+    pause_ms_median: float | None  # copying a shard's state under its lock
+    pause_ms_max: float | None
+    write_s_median: float | None  # writing one part, outside the lock
+    write_s_max: float | None
+    part_bytes: list[int]  # per shard: its latest part
+    errors: list[str]  # parts that could not be written
+
+    @classmethod
+    def of(cls, every: int, uri: str, complete: list[int], resumed_from: int | None,
+           parts: list[list[dict]]) -> CheckpointSummary:
+        """From each shard's PartRecords (as dicts)."""
+        flat = [p for shard in parts for p in shard]
+        pauses = [1e3 * p["pause_s"] for p in flat]
+        writes = [p["write_s"] for p in flat if p["error"] is None]
+        return cls(
+            every=every, uri=uri, complete=complete, resumed_from=resumed_from,
+            parts_written=len(writes),
+            pause_ms_median=statistics.median(pauses) if pauses else None,
+            pause_ms_max=max(pauses, default=None),
+            write_s_median=statistics.median(writes) if writes else None,
+            write_s_max=max(writes, default=None),
+            part_bytes=[shard[-1]["nbytes"] if shard else 0 for shard in parts],
+            errors=[p["error"] for p in flat if p["error"] is not None],
+        )
 
 
 @dataclass(frozen=True)
@@ -127,6 +163,8 @@ class RunSummary(Mapping):
     config: dict  # TrainConfig.to_dict()
     # The final evaluation's every metric (model.evaluate's names); {} without test data.
     test_metrics: dict = field(default_factory=dict)
+    # -- fields added later: absent from older summary.json files
+    checkpoints: CheckpointSummary | None = None  # None: the run took none
 
     # -- summary.json -----------------------------------------------------
 
@@ -148,6 +186,8 @@ class RunSummary(Mapping):
         values["staleness"] = Staleness(**values["staleness"])
         values["evals"] = [Evaluation(**e) for e in values["evals"]]
         values["worker_time_s"] = [WorkerTime(**w) for w in values["worker_time_s"]]
+        if values.get("checkpoints") is not None:
+            values["checkpoints"] = CheckpointSummary(**values["checkpoints"])
         return cls(**values)
 
     @classmethod

@@ -257,13 +257,21 @@ class PartWriter:
         self._store = store
         self._num_shards = num_shards
         self._queue: queue.Queue = queue.Queue(maxsize=1)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._records: list[PartRecord] = []
+        self._pending = 0  # parts handed over and not yet recorded
         self._thread = threading.Thread(target=self._run, name="part-writer", daemon=True)
         self._thread.start()
 
     def __call__(self, state: ShardState, pause_s: float) -> None:
+        with self._lock:
+            self._pending += 1
         self._queue.put((state, pause_s))
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Block until every part handed over is written (or failed); False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._pending == 0, timeout=timeout_s)
 
     @property
     def records(self) -> list[PartRecord]:
@@ -291,3 +299,5 @@ class PartWriter:
                                     False, str(err))
             with self._lock:
                 self._records.append(record)
+                self._pending -= 1
+                self._lock.notify_all()

@@ -94,8 +94,13 @@ class Worker:
         self.tower = tower  # a Tower, or anything with its interface (TowerGroup)
         self.client = client
 
-    def run(self, start_step: int = 0) -> WorkerReport:
+    def run(self, start_step: int = 0, data_step: int | None = None) -> WorkerReport:
         """Train from version `start_step` until the run's end; blocks until done.
+
+        `data_step` (async/ssp) is the global batch this worker's next
+        gradient trains on: its own step count so far (a resumed run passes
+        its clock in the checkpoint); None: `start_step`. Sync trains on
+        global batch v at version v.
 
         The end is `spec.final_version`, or earlier when the shards end the
         run (a time budget): a pull then answers a version below the one
@@ -104,7 +109,8 @@ class Worker:
         naming the peer.
         """
         spec, report = self.spec, WorkerReport(rank=self.spec.rank)
-        wanted, own_step = start_step, start_step
+        wanted = start_step
+        own_step = start_step if data_step is None else data_step
         while wanted < spec.final_version:
             t0 = time.perf_counter()
             version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)

@@ -232,3 +232,13 @@ def test_a_keras_optimizer_s_slots_are_restored_before_its_first_update():
     resumed = Shard.from_state(state, spec.build())
     run_steps(resumed, 3, 5)
     assert weights(resumed) == weights(shard)
+
+
+def test_flush_waits_for_every_part_handed_over(tmp_path):
+    shard = new_shard()
+    writer = PartWriter(CheckpointStore(str(tmp_path)), num_shards=1)
+    shard.take_checkpoints(1, writer)
+    run_steps(shard, 0, 3)
+    assert writer.flush(timeout_s=30)
+    assert [r.version for r in writer.records] == [1, 2, 3]
+    writer.close()

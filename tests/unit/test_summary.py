@@ -1,11 +1,12 @@
 """summary.json is a public contract: its keys, their nesting, and the round trip."""
 
+import dataclasses
 import json
 
 import pytest
 
 from tests.summaries import make_summary
-from towerps.cluster.summary import Evaluation, RunSummary, Staleness
+from towerps.cluster.summary import CheckpointSummary, Evaluation, RunSummary, Staleness
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +20,7 @@ SUMMARY_KEYS = [
     "mode_label", "staleness_bound", "staleness_lr", "backup_workers", "budget_s", "ended_early",
     "updates_per_step", "examples", "staleness", "pushes_dropped", "pushes_after_end",
     "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
-    "worker_time_s", "run_dir", "config", "test_metrics",
+    "worker_time_s", "run_dir", "config", "test_metrics", "checkpoints",
 ]
 
 
@@ -40,6 +41,26 @@ def test_write_and_load_round_trip_through_plain_json(tmp_path):
     assert on_disk == summary.to_dict()
     assert RunSummary.load(str(tmp_path)) == summary  # the folder or the file
     assert RunSummary.load(path).evals[0] == Evaluation(40, 2560, 4.0, 0.4, 0.8)
+
+
+def test_an_older_summary_without_the_later_fields_still_loads():
+    data = make_summary().to_dict()
+    del data["checkpoints"]
+    assert RunSummary.from_dict(data) == make_summary()
+
+
+def test_checkpoint_figures_round_trip_and_summarise_every_shard_s_parts():
+    parts = [[{"version": 5, "pause_s": 0.002, "write_s": 0.1, "nbytes": 100, "complete": False,
+               "error": None}],
+             [{"version": 5, "pause_s": 0.004, "write_s": 0.3, "nbytes": 90, "complete": True,
+               "error": None},
+              {"version": 10, "pause_s": 0.001, "write_s": 0.2, "nbytes": 0, "complete": False,
+               "error": "disk full"}]]
+    figures = CheckpointSummary.of(5, "/runs/x/checkpoints", [5], None, parts)
+    assert (figures.parts_written, figures.part_bytes, figures.errors) == (2, [100, 0], ["disk full"])
+    assert figures.pause_ms_max == pytest.approx(4.0) and figures.write_s_max == pytest.approx(0.3)
+    summary = dataclasses.replace(make_summary(), checkpoints=figures)
+    assert RunSummary.from_dict(json.loads(json.dumps(summary.to_dict()))) == summary
 
 
 def test_a_newer_summary_with_extra_keys_still_loads():

@@ -1,0 +1,58 @@
+"""Checkpoints of a real run, and `--resume`: the resumed run ends with the
+weights of the uninterrupted one, bit for bit (sync, 3 workers, so that the
+order of summation matters; Fashion-MNIST in memory, fixed seed)."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import ray
+
+from towerps.cluster import TrainConfig, train
+from towerps.cluster.driver import resume_config
+from towerps.workers.variables import ModelVariables
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """This module's own local Ray cluster: 3 workers and 2 shards need 5 CPUs."""
+    ray.init(address="local", num_cpus=6, include_dashboard=False,
+             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+    yield
+    ray.shutdown()
+
+
+def job(run_dir, steps, **changes) -> TrainConfig:
+    return TrainConfig(dataset="fashion_mnist", num_workers=3, num_ps=2, batch_size=96,
+                       steps=steps, checkpoint_every=4, log_every=4, seed=3,
+                       run_dir=str(run_dir), **changes)
+
+
+def weights_of(path) -> dict[str, bytes]:
+    model = keras.models.load_model(path)
+    return {k: np.asarray(v.numpy()).tobytes() for k, v in ModelVariables(model).all.items()}
+
+
+def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(ray_cluster, tmp_path):
+    clean = train(job(tmp_path / "clean", steps=12, keep_checkpoints=2), progress=False)
+    assert clean.checkpoints.complete == [8, 12]  # every 4 steps, the newest 2 kept
+    assert clean.checkpoints.parts_written == 6 and not clean.checkpoints.errors
+    # model.keras of the latest complete checkpoint loads and holds the final weights.
+    final = weights_of(tmp_path / "clean" / "model.keras")
+    assert weights_of(tmp_path / "clean" / "checkpoints" / "v0000000012" / "model.keras") == final
+
+    # The same run stopped after 6 steps (its last checkpoint: 4), then resumed to 12.
+    train(job(tmp_path / "resumed", steps=6), progress=False)
+    resumed = train(resume_config(str(tmp_path / "resumed"), steps=12), resume=True,
+                    progress=False)
+    assert resumed.checkpoints.resumed_from == 4
+    assert resumed.steps == 12
+    assert weights_of(tmp_path / "resumed" / "model.keras") == final
+
+    metrics = [json.loads(line)
+               for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [4, 8, 12]  # the first run's 5 and 6 replaced
+    assert metrics[-1]["examples"] == 12 * 96

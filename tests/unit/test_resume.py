@@ -1,0 +1,36 @@
+"""`--resume` reads the run's saved configuration; no Ray: it fails before any actor starts."""
+
+import pytest
+
+from towerps.cluster import TrainConfig, train
+from towerps.cluster.driver import resume_config
+from towerps.errors import CheckpointError, ConfigError
+from towerps.workers.devices import DeviceConfig
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_saved_configuration_comes_back_with_only_address_and_steps_changed(tmp_path):
+    saved = TrainConfig(dataset="synthetic", num_workers=3, batch_size=96, steps=12,
+                        checkpoint_every=4, devices=DeviceConfig(cpu_towers=2), seed=5)
+    saved.save(str(tmp_path))
+    assert TrainConfig.load(str(tmp_path)) == saved
+    again = resume_config(str(tmp_path), address="127.0.0.1:6379", steps=30)
+    assert (again.steps, again.address, again.run_dir) == (30, "127.0.0.1:6379", str(tmp_path))
+    assert (again.num_workers, again.seed, again.devices) == (3, 5, saved.devices)
+
+
+def test_resuming_a_folder_that_is_no_run_names_what_is_missing(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json there; name the run directory"):
+        resume_config(str(tmp_path))
+
+
+def test_resuming_a_run_without_a_complete_checkpoint_fails_before_any_actor(tmp_path):
+    TrainConfig(dataset="synthetic", steps=3, run_dir=str(tmp_path)).save(str(tmp_path))
+    with pytest.raises(CheckpointError, match="no complete checkpoint .*--checkpoint-every N"):
+        train(resume_config(str(tmp_path)), resume=True, progress=False)
+    config = TrainConfig(dataset="synthetic", steps=3, checkpoint_every=2, run_dir=str(tmp_path))
+    config.save(str(tmp_path))
+    (tmp_path / "checkpoints" / "v0000000002").mkdir(parents=True)  # a part never came
+    with pytest.raises(CheckpointError, match="checkpoints: no complete checkpoint"):
+        train(resume_config(str(tmp_path)), resume=True, progress=False)
