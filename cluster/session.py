@@ -13,25 +13,38 @@ must say so too (`RAY_AUTH_MODE=token`, the token in `~/.ray/auth_token` or
 `RAY_AUTH_TOKEN`); otherwise Ray retries for about 20 s and fails. towerps
 leaves the mode to Ray's own variable (set where the cluster starts, see
 deploy/README.md) and only names it when joining fails.
+
+Code: joining a cluster, the driver ships its own towerps to every process of
+the job (`py_modules`), so every node runs the driver's code whatever its own
+install holds. In a checkout the package is spread over src/towerps/ and the
+role folders (pyproject.toml's package-dir) and Ray's `py_modules` takes one
+folder per module: the parts are copied into one `towerps/` folder first, laid
+out as a wheel installs them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import ray
 
+import towerps
 from towerps.cluster.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
 
 log = logging.getLogger("towerps")
 NODE_WAIT_TIMEOUT_S = 900.0  # cloud nodes take minutes to boot and install
 NODE_POLL_S = 2.0
+PARTS = ("ps", "workers", "cluster", "proto")  # towerps' subpackages
 
 
 @contextmanager
@@ -46,8 +59,10 @@ def ray_session(address: str | None, num_cpus: int | None = None,
     if address:
         _check_reachable(address)
         try:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True,
-                     logging_level=ray_logging_level(verbose))
+            with towerps_folder() as code:  # Ray packs and uploads it within ray.init
+                ray.init(address=address, log_to_driver=True,
+                         runtime_env={**runtime_env, "py_modules": [code]},
+                         logging_level=ray_logging_level(verbose))
         except ConnectionError as err:
             mode = os.environ.get("RAY_AUTH_MODE", "unset")
             raise ClusterError(
@@ -83,6 +98,22 @@ def joined_cluster(asked: str) -> str:
     gcs = ray.get_runtime_context().gcs_address
     return (f"joined the Ray cluster at {gcs} (--address {asked}): {len(alive)} node(s) "
             f"alive: {', '.join(alive)}")
+
+
+@contextmanager
+def towerps_folder() -> Iterator[str]:
+    """A temporary folder `towerps/` holding this process's towerps, every
+    subpackage inside it (what a wheel installs); removed on exit."""
+    root = Path(towerps.__file__).parent
+    with tempfile.TemporaryDirectory(prefix="towerps-code-") as tmp:
+        folder = Path(tmp) / "towerps"
+        skip = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(root, folder, ignore=skip)
+        for part in PARTS:
+            source = Path(importlib.util.find_spec(f"towerps.{part}").origin).parent
+            if source != root / part:  # mapped in from a checkout's role folder
+                shutil.copytree(source, folder / part, ignore=skip)
+        yield str(folder)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -11,6 +11,7 @@ import getpass
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,8 +59,11 @@ def test_ray_up_submit_a_job_from_the_laptop_and_ray_down(machines):
     for role in ("ps", "worker"):
         nodes = sorted(p["node_ip"] for p in summary["placement"] if p["role"] == role)
         assert nodes == [HEAD, WORKER]
-    # The code came to both nodes with the job (its working dir), not from an install.
-    assert all("working_dir_files" in p["code"] for p in summary["placement"]), summary["placement"]
+    # Every shard and worker ran the code the driver shipped with the job (py_modules,
+    # unpacked in Ray's runtime resources), neither the checkout nor the venv.
+    for p in summary["placement"]:
+        assert "/runtime_resources/py_modules_files/" in p["code"], p
+        assert not p["code"].startswith((str(REPO), sys.prefix)), p
     assert f"on node {WORKER} (bundle" in job.stdout  # the driver's placement log, via `ray job`
     status = machines.ray("exec", str(config), "ray status", cwd=REPO)  # as the README watches
     assert status.returncode == 0 and "2 local.cluster.node" in status.stdout, status.stdout[-2000:]

@@ -72,6 +72,8 @@ def test_one_shard_and_one_worker_per_node_train_across_the_nodes(two_nodes, tmp
     # other node included: gRPC crossed between 127.0.0.2 and 127.0.0.3.
     assert any(w["node_ip"] != s["node_ip"] for w in workers for s in shards)
     assert summary["pushes_applied"] == [STEPS * 2, STEPS * 2]
+    # Both nodes ran the driver's own towerps, shipped with the job (py_modules).
+    assert all("/runtime_resources/py_modules_files/" in p["code"] for p in summary["placement"])
     assert summary["test_accuracy"] > 0.1
 
     # The driver's log says where everything landed.

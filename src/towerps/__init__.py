@@ -10,6 +10,12 @@ The API: `fit` (your own Keras model; cluster/api.py) and its `FitResult`,
 Packages: `towerps.ps` (parameter-server shards), `towerps.workers` (models,
 data, towers, the shard client), `towerps.cluster` (config, Ray actors, the
 driver and the `towerps` CLI), `towerps.proto` (the gRPC wire contract).
+
+In a checkout this package root lives in src/towerps/ and the role folders
+(ps/, workers/, cluster/, proto/) at the top; pyproject.toml maps them into
+one package. No folder named `towerps` sits at the top of a checkout, so a
+checkout on sys.path (pytest, a Ray job's working dir) never hides the
+installed package.
 """
 
 __version__ = "0.1.0"
@@ -30,15 +36,3 @@ def __getattr__(name):
     if name in _API:
         return getattr(importlib.import_module(f"towerps.cluster.{_API[name]}"), name)
     raise AttributeError(f"module 'towerps' has no attribute {name!r}")
-
-# Run from a checkout (a Ray job's `--working-dir .`, which Ray puts first on
-# every process's PYTHONPATH), this folder hides the installed package, and
-# the role folders sit beside it rather than inside: let `towerps.ps`,
-# `towerps.workers`, `towerps.cluster` and `towerps.proto` resolve there, so
-# the job's own code runs on every node (deploy/README.md).
-import os as _os
-
-_checkout = _os.path.dirname(__path__[0])
-if all(_os.path.isfile(_os.path.join(_checkout, part, "__init__.py"))
-       for part in ("ps", "workers", "cluster", "proto")):
-    __path__.append(_checkout)
