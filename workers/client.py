@@ -91,6 +91,7 @@ class PSClient:
             max_workers=len(addresses), thread_name_prefix="ps-client"
         )
         self._counter_lock = threading.Lock()
+        self._closed = False
         self.bytes_sent = 0  # tensor payload bytes pushed (a retry is not counted again)
         self.bytes_received = 0  # tensor payload bytes pulled
 
@@ -168,14 +169,29 @@ class PSClient:
     def _fan_out(self, fn: Callable[[int], object]) -> list:
         if self.num_shards == 1:  # nothing to overlap: spare the thread hand-off
             return [fn(0)]
-        pending = [self._pool.submit(fn, k) for k in range(self.num_shards)]
+        try:
+            pending = [self._pool.submit(fn, k) for k in range(self.num_shards)]
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            if self._closed:
+                raise self._closed_error(0) from None
+            raise
         return [f.result() for f in pending]
+
+    def _closed_error(self, k: int) -> ShardUnavailable:
+        return ShardUnavailable(f"the client of shard {k} at {self.addresses[k]} was closed "
+                                "while a call was under way (its worker was redirected)")
 
     def _call(self, k: int, call: Callable[[int], object], retry_on: tuple):
         """Run one RPC against shard k: call(attempt), retrying codes in `retry_on`."""
         for attempt in range(self.max_attempts):
+            if self._closed:
+                raise self._closed_error(k)
             try:
                 return call(attempt)
+            except ValueError:  # grpc's "Cannot invoke RPC on closed channel!"
+                if self._closed:
+                    raise self._closed_error(k) from None
+                raise
             except grpc.RpcError as err:
                 if err.code() in retry_on and attempt + 1 < self.max_attempts:
                     time.sleep(self.backoff_s * 2**attempt)
@@ -189,9 +205,13 @@ class PSClient:
             self.bytes_received += received
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Close the channels, which cancels the calls in flight (they raise
+        ShardUnavailable in their callers), then the fan-out threads. Safe
+        from another thread than the one calling (a redirect)."""
+        self._closed = True
         for channel in self._channels:
             channel.close()
+        self._pool.shutdown(wait=True)
 
     def __enter__(self) -> PSClient:
         return self

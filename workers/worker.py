@@ -23,17 +23,19 @@ worker restarted at any step pulls that step and goes on.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from towerps.errors import ConfigError
+from towerps.errors import ConfigError, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.workers.batches import num_examples
 from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
 from towerps.workers.client import PSClient
 from towerps.workers.data import DataSet
+from towerps.workers.redirect import Redirect, Redirects
 from towerps.workers.tower import Tower
 
 
@@ -52,6 +54,9 @@ class WorkerSpec:
     # The optimizer's global_clipnorm: no shard holds every gradient, so the
     # worker clips its own (all towers combined) before pushing.
     global_clipnorm: float | None = None
+    # How long a failed call waits for a recovery's Redirect (workers/redirect.py)
+    # before the error stops the worker; 0: at once (no supervisor restores shards).
+    recovery_wait_s: float = 0.0
 
     def __post_init__(self):
         if self.global_batch_size % self.num_workers:
@@ -85,6 +90,7 @@ class WorkerReport:
     bytes_sent: int = 0  # tensor payload pushed to the shards
     bytes_received: int = 0  # tensor payload pulled from the shards
     losses: list[float] = field(default_factory=list)
+    recoveries: int = 0  # times this worker went on from a recovery's version
 
 
 class Worker:
@@ -93,6 +99,20 @@ class Worker:
         self.dataset = dataset
         self.tower = tower  # a Tower, or anything with its interface (TowerGroup)
         self.client = client
+        self.redirects = Redirects()
+        self._client_lock = threading.Lock()
+
+    def redirect(self, target: Redirect, client: PSClient) -> None:
+        """Train on with `client` (to the shards of `target`) from `target.version`.
+
+        Called from another thread while `run` is busy: the old client is
+        closed, so a call of it in flight fails and `run` takes the redirect;
+        a step under way without error picks the new client up at its next call.
+        """
+        with self._client_lock:
+            old, self.client = self.client, client
+        self.redirects.publish(target)
+        old.close()
 
     def run(self, start_step: int = 0, data_step: int | None = None) -> WorkerReport:
         """Train from version `start_step` until the run's end; blocks until done.
@@ -112,33 +132,59 @@ class Worker:
         wanted = start_step
         own_step = start_step if data_step is None else data_step
         while wanted < spec.final_version:
-            t0 = time.perf_counter()
-            version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)
-            if version < wanted or version >= spec.final_version:
-                report.pull_s += time.perf_counter() - t0
-                break  # the run is over
-            if spec.mode.batches_by_version:
-                report.versions_skipped += version - wanted
-            self.tower.set_weights(params)
-            t1 = time.perf_counter()
-            data_step = version if spec.mode.batches_by_version else own_step
-            x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, spec.batch_slice)
-            grads, loss = self.tower.compute_gradients(x, y)
-            if spec.global_clipnorm:
-                clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)
-            t2 = time.perf_counter()
-            outcomes = self.client.push(spec.rank, version, grads, num_examples=num_examples(x), loss=loss)
-            t3 = time.perf_counter()
-            report.pull_s += t1 - t0
-            report.compute_s += t2 - t1
-            report.push_s += t3 - t2
-            report.steps += 1
-            report.pushes_dropped += PushOutcome.DROPPED in outcomes
-            report.losses.append(loss)
-            wanted, own_step = version + 1, own_step + 1
+            generation = self.redirects.generation
+            try:
+                version = self._step(wanted, own_step, report)
+            except (ShardUnavailable, StepMismatch, PullTimeout):
+                # A shard died or was rolled back: wait for the recovery, if any.
+                target = self.redirects.wait_newer(generation, spec.recovery_wait_s)
+                if target is None:
+                    raise
+                version = None
+            else:
+                # A recovery during a step that went through: go on from it all the same.
+                target = self.redirects.wait_newer(generation, 0.0)
+                if target is None and version is None:
+                    break  # the run is over
+            if target is not None:
+                report.recoveries += 1
+                wanted = target.version
+                own_step = target.data_steps[spec.rank] if target.data_steps else wanted
+            else:
+                wanted, own_step = version + 1, own_step + 1
         report.bytes_sent = self.client.bytes_sent
         report.bytes_received = self.client.bytes_received
         return report
+
+    def _step(self, wanted: int, own_step: int, report: WorkerReport) -> int | None:
+        """Pull version >= wanted, compute, push; returns the version trained
+        on, or None once the run is over."""
+        spec = self.spec
+        t0 = time.perf_counter()
+        version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)
+        if version < wanted or version >= spec.final_version:
+            report.pull_s += time.perf_counter() - t0
+            return None
+        if spec.mode.batches_by_version:
+            report.versions_skipped += version - wanted
+        self.tower.set_weights(params)
+        t1 = time.perf_counter()
+        data_step = version if spec.mode.batches_by_version else own_step
+        x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, spec.batch_slice)
+        grads, loss = self.tower.compute_gradients(x, y)
+        if spec.global_clipnorm:
+            clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)
+        t2 = time.perf_counter()
+        # self.client again: a redirect during the compute may have replaced it.
+        outcomes = self.client.push(spec.rank, version, grads, num_examples=num_examples(x), loss=loss)
+        t3 = time.perf_counter()
+        report.pull_s += t1 - t0
+        report.compute_s += t2 - t1
+        report.push_s += t3 - t2
+        report.steps += 1
+        report.pushes_dropped += PushOutcome.DROPPED in outcomes
+        report.losses.append(loss)
+        return version
 
 
 def clip_global_norm(grads: dict, names: list[str], clipnorm: float) -> None:

@@ -1,0 +1,55 @@
+"""Where a worker's shards are after a recovery, handed to it while it trains.
+
+    redirects = Redirects()
+    generation = redirects.generation             # the worker, before each step
+    redirects.publish(Redirect(1, addresses, version=40))   # the driver's thread
+    target = redirects.wait_newer(generation, timeout_s=120)  # the worker, on an error
+
+A recovery (cluster/supervisor.py) restores every shard to one checkpoint,
+then publishes a Redirect: the shards' addresses (a replaced shard listens
+elsewhere) and the version they are at. A worker whose call fails while a
+recovery is under way waits here for it, and goes on from `version`; one
+that saw no error picks the new shards up at its next step.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Redirect:
+    generation: int  # counts recoveries: a worker acts on a newer one only
+    addresses: tuple[str, ...]  # every shard's, by index
+    version: int  # every shard was restored to it: train on from there
+    data_steps: tuple[int, ...] | None = None  # async/ssp: each rank's clock at `version`
+
+
+class Redirects:
+    """The latest Redirect, published by one thread and awaited by another."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._latest: Redirect | None = None
+
+    @property
+    def generation(self) -> int:
+        with self._changed:
+            return self._latest.generation if self._latest else 0
+
+    def publish(self, target: Redirect) -> None:
+        with self._changed:
+            self._latest = target
+            self._changed.notify_all()
+
+    def wait_newer(self, generation: int, timeout_s: float) -> Redirect | None:
+        """Block until a Redirect newer than `generation` is published (or at
+        once, if one is); None after `timeout_s`."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._latest is not None and self._latest.generation > generation,
+                timeout=timeout_s,
+            )
+            latest = self._latest
+            return latest if latest is not None and latest.generation > generation else None
