@@ -82,7 +82,8 @@ def model_shapes(model_mb: float) -> dict[str, tuple[int, ...]]:
 class SimWorker:
     """A worker whose gradient computation is a fixed wait: the sync loop alone."""
 
-    def configure(self, rank: int, addresses: list, plan, shapes: dict, compute_s: float) -> int:
+    def configure(self, rank: int, addresses: list, plan, shapes: dict, compute_s: float,
+                  credentials=None) -> int:
         import numpy as np
 
         from towerps.workers.client import PSClient
@@ -92,7 +93,7 @@ class SimWorker:
         rng = np.random.default_rng(rank)
         self.rank, self.compute_s = rank, compute_s
         self.grads = {n: (rng.standard_normal(s) * 1e-3).astype(np.float32) for n, s in shapes.items()}
-        self.client = PSClient(addresses, plan)
+        self.client = PSClient(addresses, plan, credentials=credentials)
         return os.getpid()
 
     def run(self, steps: int) -> float:
@@ -110,27 +111,33 @@ class Bench:
     """The actors of the benchmark, reused across configurations."""
 
     def __init__(self, max_workers: int, max_shards: int):
+        from towerps.auth import new_job_secret
         from towerps.cluster.actors import ShardActor
 
         self.workers = [SimWorker.remote() for _ in range(max_workers)]
         self.shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(max_shards)]
+        self.secret = new_job_secret()  # shards on the node's address check tokens
 
     def step_times(self, shapes: dict, n: int, k: int, compute_s: float, steps: int) -> dict:
         """Run one configuration; step times from shard 0's log, and CPU seconds used."""
         import numpy as np
 
+        from towerps.auth import Credentials, ShardCredentials, worker_token
         from towerps.ps.placement import plan_placement
         from towerps.workers.client import PSClient
 
         plan = plan_placement(shapes, k)
         initial = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
         ray.get([s.stop.remote() for s in self.shards])
-        records = ray.get([self.shards[i].start.remote(part, "sgd", 1e-6, n)
+        keys = ShardCredentials(self.secret)
+        records = ray.get([self.shards[i].start.remote(part, "sgd", 1e-6, n, credentials=keys)
                            for i, part in enumerate(plan.split(initial))])
         addresses = [r["address"] for r in records]
         shard_pids = [r["pid"] for r in records]
-        worker_pids = ray.get([self.workers[r].configure.remote(r, addresses, plan, shapes, compute_s)
-                               for r in range(n)])
+        worker_pids = ray.get([
+            self.workers[r].configure.remote(r, addresses, plan, shapes, compute_s,
+                                             Credentials(worker_token(self.secret, r)))
+            for r in range(n)])
         # Peaks from now on; this process served earlier configurations, and what its
         # allocator kept from them is in the RSS at the reset, so growth is the figure.
         reset = all(common.reset_peak_rss(p) for p in shard_pids)
@@ -140,7 +147,7 @@ class Bench:
         worker_cpu = ray.get([self.workers[r].run.remote(steps) for r in range(n)])
         wall = time.perf_counter() - t0
         shard_cpu = [common.cpu_seconds(p) - b for p, b in zip(shard_pids, cpu_before)]
-        with PSClient(addresses, plan) as client:
+        with PSClient(addresses, plan, credentials=Credentials(self.secret)) as client:
             applied = [s.applied_at_s for s in client.status(since_version=0)[0].steps]
         # Each shard's peak RSS during this configuration, beside the bytes it holds.
         peak = [common.proc_status_bytes("VmHWM", p) if reset else None for p in shard_pids]

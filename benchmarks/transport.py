@@ -19,6 +19,12 @@ at most `--tensor-mb`), two fresh processes on loopback:
           decodes every byte and answers ALREADY_APPLIED: the data path
           alone, no optimizer. The timed pulls read the version's snapshot.
 
+Every gRPC call carries the job's token, as in a real run. Sizes in
+`--tls-sizes-mb` are measured a second time with mutual TLS (the job's CA,
+as `--tls on` makes): the figure `tls_vs_plain` is each gRPC rate with TLS
+over the rate without, and `cpu_ns_per_byte` shows what the encryption
+costs each process.
+
 Figures: MB/s (1 MB = 10^6 bytes) of each, the median and the best round,
 the ratios gRPC/TCP (goal >= 0.6, on the medians), CPU nanoseconds per byte
 in each process for each operation (barely moved by other load on the
@@ -35,6 +41,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -53,6 +60,8 @@ def add_flags(parser) -> None:
     add("--sizes-mb", default="4,64,512", help="comma-separated sizes in MB (default %(default)s)")
     add("--tensor-mb", type=float, default=32.0, help="largest tensor (default %(default)s MB)")
     add("--reps", default="30,9,7", help="timed rounds per size (default %(default)s)")
+    add("--tls-sizes-mb", default="4,64",
+        help="sizes measured again with mutual TLS (default %(default)s; '' for none)")
     # Internal: the two processes of one size.
     add("--role", choices=("main", "shard", "client"), default="main", help="(internal)")
     add("--mb", type=float, default=None, help="(internal)")
@@ -60,6 +69,8 @@ def add_flags(parser) -> None:
     add("--tcp-port", type=int, default=None, help="(internal)")
     add("--shard-pid", type=int, default=None, help="(internal)")
     add("--rep-count", type=int, default=None, help="(internal)")
+    add("--secrets-dir", default=None, help="(internal) the token file and TLS files")
+    add("--tls", action="store_true", help="(internal) mutual TLS")
 
 
 def tensors_of(total_mb: float, tensor_mb: float, fill: float):
@@ -81,12 +92,14 @@ def tensors_of(total_mb: float, tensor_mb: float, fill: float):
 
 def serve_shard(args) -> None:
     """Shard + gRPC server + raw TCP server; prints one JSON line, runs until stdin closes."""
+    from towerps.auth import ShardCredentials
     from towerps.ps import Shard, create_server, make_optimizer
 
     variables = tensors_of(args.mb, args.tensor_mb, 0.5)
     shard = Shard(0, variables, make_optimizer("sgd", 1e-3), num_workers=1)
     del variables
-    server, port = create_server(shard, "127.0.0.1:0")
+    secret, tls = _secrets(args)
+    server, port = create_server(shard, "127.0.0.1:0", credentials=ShardCredentials(secret, tls))
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_tcp_serve, args=(listener,), daemon=True).start()
     print(json.dumps({"port": port, "tcp_port": listener.getsockname()[1], "pid": os.getpid()}),
@@ -140,6 +153,7 @@ def run_client(args) -> None:
     """One real step (memory), then alternating timed rounds; prints one JSON line."""
     import numpy as np
 
+    from towerps.auth import Credentials, worker_token
     from towerps.ps.placement import plan_placement
     from towerps.ps.shard import PushOutcome
     from towerps.workers.client import PSClient
@@ -147,7 +161,9 @@ def run_client(args) -> None:
     grads = tensors_of(args.mb, args.tensor_mb, 1e-3)
     nbytes = sum(g.nbytes for g in grads.values())
     plan = plan_placement({n: g.shape for n, g in grads.items()}, 1)
-    client = PSClient([f"127.0.0.1:{args.port}"], plan)
+    secret, tls = _secrets(args)
+    client = PSClient([f"127.0.0.1:{args.port}"], plan,
+                      credentials=Credentials(worker_token(secret, 0), tls))
     tcp = socket.create_connection(("127.0.0.1", args.tcp_port))
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     memory = {
@@ -210,11 +226,37 @@ def run_client(args) -> None:
                       "cpu_s": cpu}), flush=True)
 
 
+def _secrets(args):
+    """The job secret and (with --tls) TLS material from --secrets-dir: the
+    secret never appears on a command line."""
+    from towerps.auth import read_token_file
+    from towerps.tls import load_tls_dir
+
+    secret = read_token_file(os.path.join(args.secrets_dir, "token"))
+    return secret, load_tls_dir(args.secrets_dir) if args.tls else None
+
+
+def write_secrets(path: str) -> None:
+    """A job secret and a job CA's five PEM files, as --tls-dir holds them."""
+    from towerps.auth import new_job_secret, write_token_file
+    from towerps.tls import make_job_tls
+
+    write_token_file(os.path.join(path, "token"), new_job_secret())
+    tls = make_job_tls()
+    for name, data in (("ca.pem", tls.ca_pem), ("server.pem", tls.server_pem),
+                       ("server.key", tls.server_key), ("client.pem", tls.client_pem),
+                       ("client.key", tls.client_key)):
+        fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+
 # --- the orchestrating process ----------------------------------------------------
 
-def measure_size(args, mb: float, reps: int, timeout_s: float) -> dict:
+def measure_size(args, mb: float, reps: int, timeout_s: float, tls: bool = False) -> dict:
     """Run the shard and client processes of one size; returns the client's figures."""
-    common_flags = ["--mb", str(mb), "--tensor-mb", str(args.tensor_mb)]
+    common_flags = ["--mb", str(mb), "--tensor-mb", str(args.tensor_mb),
+                    "--secrets-dir", args.secrets_dir, *(["--tls"] if tls else [])]
     shard = common.run_module_child(__file__, ["--role", "shard", *common_flags],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -283,18 +325,30 @@ def main(argv=None) -> dict:
     if args.role == "client":
         return run_client(args)
     if args.tiny:
-        args.sizes_mb, args.reps, args.tensor_mb = "1,4", "2,2", 2.0
+        args.sizes_mb, args.reps, args.tensor_mb, args.tls_sizes_mb = "1,4", "2,2", 2.0, "1"
     sizes = [float(s) for s in args.sizes_mb.split(",")]
     reps = [int(r) for r in args.reps.split(",")]
     if len(reps) != len(sizes):
         raise SystemExit(f"--reps {args.reps!r} needs one count per size of --sizes-mb {args.sizes_mb!r}")
     budget = common.Budget(args.budget_s)
+    tls_sizes = [float(s) for s in args.tls_sizes_mb.split(",") if s.strip()]
 
     per_size = {}
-    for mb, count in zip(sizes, reps):
-        if per_size and not budget.allows(30.0):
-            break
-        per_size[f"{mb:g}MB"] = summarise(measure_size(args, mb, count, max(60.0, budget.left_s())))
+    with tempfile.TemporaryDirectory(prefix="towerps-transport-") as secrets_dir:
+        args.secrets_dir = secrets_dir
+        write_secrets(secrets_dir)
+        for mb, count in zip(sizes, reps):
+            if per_size and not budget.allows(30.0):
+                break
+            figures = summarise(measure_size(args, mb, count, max(60.0, budget.left_s())))
+            if mb in tls_sizes and budget.allows(30.0):
+                with_tls = summarise(measure_size(args, mb, count, max(60.0, budget.left_s()),
+                                                  tls=True))
+                figures["tls"] = with_tls
+                figures["tls_vs_plain"] = {
+                    op: with_tls[f"grpc_{op}_mb_per_s"] / figures[f"grpc_{op}_mb_per_s"]
+                    for op in ("push", "pull")}
+            per_size[f"{mb:g}MB"] = figures
 
     ratios = [min(f["push_vs_tcp"], f["pull_vs_tcp"]) for f in per_size.values()]
     worst = min(ratios) if ratios else None
@@ -305,9 +359,14 @@ def main(argv=None) -> dict:
              f"{f['shard_hwm_bytes'] / MB:,.0f} MB, client {f['client_hwm_bytes'] / MB:,.0f} MB)"
              for k, f in per_size.items()]
     summary = "; ".join(parts) + f"; worst ratio {worst:.2f} (goal >= 0.6)"
+    tls_parts = [f"{k} push {f['tls_vs_plain']['push']:.2f} / pull {f['tls_vs_plain']['pull']:.2f}"
+                 for k, f in per_size.items() if "tls" in f]
+    if tls_parts:
+        summary += "; with TLS, rate over plain: " + ", ".join(tls_parts)
     return common.write_result(
         args, budget=budget, goals=goals, summary=summary,
         inputs={"sizes_mb": sizes, "reps": reps, "tensor_mb": args.tensor_mb,
+                "tls_sizes_mb": tls_sizes, "auth": "bearer token on every call",
                 "chunk_bytes": _chunk_bytes(), "optimizer_of_the_memory_step": "sgd"},
         figures={"per_size": per_size, "worst_ratio": worst},
         notes=["MB = 10^6 bytes. Rates are medians over the rounds; every gRPC call is the "

@@ -59,7 +59,7 @@ class ShardActor:
 
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
               mode=None, end_version: int | None = None, state: dict | None = None,
-              checkpoints=None) -> dict:
+              checkpoints=None, max_examples: int | None = None, credentials=None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -67,10 +67,14 @@ class ShardActor:
         towerps.ps.Mode (None: sync); `end_version` the run's last version;
         `state` the float non-trainable variables this shard keeps;
         `checkpoints` a ShardCheckpoints (None: none taken), whose
-        `resume_version` makes the shard start from that checkpoint's part.
+        `resume_version` makes the shard start from that checkpoint's part;
+        `max_examples` the global batch (a push's bound); `credentials` a
+        towerps.auth.ShardCredentials (the job secret, as a method argument:
+        never in the actor's constructor or environment).
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter
+        from towerps.ps.limits import ShardLimits
 
         if isinstance(optimizer, str):
             optimizer = make_optimizer(optimizer, lr)
@@ -79,11 +83,13 @@ class ShardActor:
         resume = checkpoints.resume_version if checkpoints else None
         if resume is None:
             self._shard = Shard(
-                self._index, variables, optimizer, num_workers, mode, end_version, state=state
+                self._index, variables, optimizer, num_workers, mode, end_version, state=state,
+                max_examples=max_examples,
             )
         else:
             part = checkpoints.store.read_part(resume, self._index)
-            self._shard = Shard.from_state(part, optimizer, mode, end_version)
+            self._shard = Shard.from_state(part, optimizer, mode, end_version,
+                                           max_examples=max_examples)
             self._clocks = list(part.clocks)
         if checkpoints is not None:
             self._checkpoints = checkpoints
@@ -92,7 +98,7 @@ class ShardActor:
         host = ray.util.get_node_ip_address()
         # Each worker may hold a Push and a waiting Pull at once.
         self._server, port = create_server(
-            self._shard, f"{host}:0", max_workers=max(16, 4 * num_workers)
+            self._shard, f"{host}:0", ShardLimits().for_workers(num_workers), credentials
         )
         record = _node_record("ps", self._index)
         record["address"] = f"{host}:{port}"
@@ -173,9 +179,11 @@ class WorkerActor:
         self._rank = rank
         self._worker = None
 
-    def setup(self, spec, job: WorkerJob, inputs=None) -> dict:
+    def setup(self, spec, job: WorkerJob, inputs=None, credentials=None) -> dict:
         """Build data, towers and client. `inputs`: this worker's input of the
-        user's data (workers/inputs.py: arrays, TFDataInput, RayDataInput)."""
+        user's data (workers/inputs.py: arrays, TFDataInput, RayDataInput);
+        `credentials` (towerps.auth.Credentials): this rank's own token, as a
+        method argument."""
         from towerps.workers import PSClient, Worker
         from towerps.workers.devices import DeviceConfig, configure_devices
         from towerps.workers.faults import Faults
@@ -191,7 +199,7 @@ class WorkerActor:
         faults = job.faults or Faults()
         towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                   wrap=faults.wrap_towers, loss=job.loss)
-        client = PSClient(list(job.addresses), job.plan, job.wire_dtype)
+        client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials)
         self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers), client)
         record = _node_record("worker", self._rank)
         record["devices"] = towers.devices

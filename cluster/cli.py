@@ -35,6 +35,8 @@ UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 TOWER_BALANCES = ("equal", "measured")
 SUM_ORDERS = ("rank", "arrival")
+NONFINITE = ("reject", "skip-step")
+TLS_CHOICES = ("auto", "on", "off")
 # TensorFlow comes with an extra of its own (pyproject.toml): a plain install has none.
 NO_TENSORFLOW = (
     "towerps: error: TensorFlow is not installed; install towerps with one of its TensorFlow "
@@ -138,6 +140,26 @@ def _add_job_flags(parser) -> None:
     add("--verbose", action="store_true",
         help="also show TensorFlow's, absl's and Ray's start-up logs")
     _add_device_flags(parser.add_argument_group("devices of each worker (docs/devices.md)"))
+    _add_security_flags(parser.add_argument_group("data plane security (docs/security.md)"))
+
+
+def _add_security_flags(group) -> None:
+    add = group.add_argument
+    add("--nonfinite", choices=NONFINITE, default="reject",
+        help="a worker's gradient holds NaN/inf: reject (stop the run with an error, "
+             "default) or skip-step (the step applies nothing, as Keras' loss scaling does)")
+    add("--token-file", default=None, metavar="PATH",
+        help="the job secret (64 hex digits, mode 0600); default: a new one in the run dir")
+    add("--tls", choices=TLS_CHOICES, default="auto",
+        help="mutual TLS between workers and shards: auto (on with more than one node), on, off")
+    add("--tls-dir", default=None, metavar="DIR",
+        help="certificates to use instead of a CA made for the job: ca.pem, server.pem, "
+             "server.key, client.pem, client.key")
+
+
+def _security_fields(args) -> dict:
+    return {"token_file": args.token_file, "tls": args.tls,
+            "tls_dir": args.tls_dir}
 
 
 def _add_device_flags(group) -> None:
@@ -236,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             dashboard=args.dashboard,
             verbose=args.verbose,
             **_mode_fields(args),
+            **_security_fields(args),
         )
         # Flags are checked: only now load TensorFlow (seconds), quietly.
         import_tensorflow(args.verbose)
@@ -328,10 +351,10 @@ def _mode_fields(args) -> dict:
     from towerps.ps.modes import Mode
 
     if args.command == "compare":
-        # Each mode of --modes sets the rest; the sum order holds for them all.
-        return {"mode": Mode(sum_order=args.sum_order)}
+        # Each mode of --modes sets the rest; the sum order and --nonfinite hold for them all.
+        return {"mode": Mode(sum_order=args.sum_order, nonfinite=args.nonfinite)}
     return {"mode": Mode(args.mode, args.staleness, args.staleness_lr, args.backup_workers,
-                         args.sum_order)}
+                         args.sum_order, args.nonfinite)}
 
 
 def _compare(config, args) -> int:

@@ -46,7 +46,8 @@ def mode_configs(base: TrainConfig, modes: list[Mode], run_dir: str) -> list[Tra
     return [
         dataclasses.replace(
             base,
-            mode=dataclasses.replace(m, sum_order=base.mode.sum_order),
+            mode=dataclasses.replace(m, sum_order=base.mode.sum_order,
+                                     nonfinite=base.mode.nonfinite),
             run_dir=os.path.join(run_dir, m.label.replace(":", "-").replace("+", "_")),
             eval_points=base.eval_points or EVAL_POINTS,
         )

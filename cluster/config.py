@@ -27,6 +27,7 @@ from towerps.workers.catalog import DEFAULT_MODEL, MODELS
 
 
 CONFIG_FILE = "config.json"  # in the run directory: the configuration, for --resume
+TLS_CHOICES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,13 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 3
+    # The data plane (docs/security.md): every call carries the job's token;
+    # token_file: the operator's job secret (None: the driver makes one);
+    # tls: auto (on when the cluster has more than one node) | on | off;
+    # tls_dir: the operator's certificates (None: a CA made for the job).
+    token_file: str | None = None
+    tls: str = "auto"
+    tls_dir: str | None = None
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
     devices: DeviceConfig = field(default_factory=DeviceConfig)
     verbose: bool = False  # show TensorFlow's, absl's and Ray's start-up logs
@@ -103,6 +111,9 @@ class TrainConfig:
             raise ConfigError(
                 f"mode {self.mode!r} is not a Mode; pass e.g. Mode('ssp', staleness=2) or 'ssp:2'"
             )
+        _choice("--tls", self.tls, TLS_CHOICES)
+        if self.tls_dir is not None and self.tls == "off":
+            raise ConfigError("--tls-dir gives certificates but --tls is off; drop one of them")
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         for flag, value in (
             ("--num-workers", self.num_workers),

@@ -301,4 +301,8 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
             config.checkpoint_every, job.checkpoints.uri,
             job.checkpoints.driver_store().complete(), job.resume_version,
             trained.checkpoint_parts),
+        tls=job.security.tls is not None,
+        token_file=job.security.token_file,
+        pushes_nonfinite=sum(c.pushes_nonfinite for c in counters),
+        steps_skipped=counters[0].steps_skipped,
     )

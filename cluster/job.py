@@ -28,6 +28,7 @@ from towerps.cluster.checkpoints import CheckpointPlan, start_sink
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
+from towerps.cluster.security import JobSecurity, write_cluster_json
 from towerps.errors import ClusterError, TowerpsError
 from towerps.ps.placement import PlacementPlan
 from towerps.workers import PSClient, WorkerSpec
@@ -78,6 +79,7 @@ class Job:
             for r in range(config.num_workers)
         ]
         self.addresses: tuple[str, ...] = ()
+        self.security: JobSecurity | None = None
         self.records: list[dict] = []  # where each shard and worker landed (summary "placement")
         self.checkpoints = CheckpointPlan.for_job(config, run_dir)  # None: none taken
         self.sink = None  # the actor that writes parts on the driver's node
@@ -98,7 +100,10 @@ class Job:
         try:
             os.makedirs(run_dir, exist_ok=True)
             job.resume_version = resume_version
+            job.security = JobSecurity.create(config, run_dir, num_nodes=_alive_nodes())
             job._start_shards(plan.split(payload.initial), payload)
+            write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
+                               job.addresses, job.security)
             job._setup_workers(payload)
         except BaseException:
             job.stop()
@@ -123,7 +128,8 @@ class Job:
                 {n: a for n, a in shard_slices[k].items() if n not in state},
                 optimizer, c.learning_rate, c.num_workers, c.mode, c.end_version,
                 state={n: a for n, a in shard_slices[k].items() if n in state},
-                checkpoints=checkpoints)
+                checkpoints=checkpoints, max_examples=c.batch_size,
+                credentials=self.security.shard)
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
@@ -137,7 +143,8 @@ class Job:
                         loss=user and user.loss)
         inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
         clip = payload.optimizer and payload.optimizer.global_clipnorm
-        records = get([w.setup.remote(worker_spec(c, r, clip), job, inputs[r])
+        records = get([w.setup.remote(worker_spec(c, r, clip), job, inputs[r],
+                                      self.security.worker(r))
                        for r, w in enumerate(self.workers)])
         self.records += records
         self.reservation.record(self.records)  # logs where each landed
@@ -148,7 +155,8 @@ class Job:
         Blocks until done. A failing worker raises its TowerpsError at once;
         the caller's `stop` (the `with` block) ends the others.
         """
-        with PSClient(list(self.addresses), self.plan, self.config.wire_dtype) as client:
+        with PSClient(list(self.addresses), self.plan, self.config.wire_dtype,
+                      credentials=self.security.driver) as client:
             t_train = time.time()
             start = self.resume_version or 0
             runs = [w.run.remote(start, data_step) for w, data_step
@@ -201,6 +209,10 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
         end_version=config.end_version,
         global_clipnorm=global_clipnorm,
     )
+
+
+def _alive_nodes() -> int:
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
 def get(refs: list) -> list:

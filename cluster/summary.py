@@ -165,6 +165,11 @@ class RunSummary(Mapping):
     test_metrics: dict = field(default_factory=dict)
     # -- fields added later: absent from older summary.json files
     checkpoints: CheckpointSummary | None = None  # None: the run took none
+    # the data plane
+    tls: bool = False  # mutual TLS between workers and shards
+    token_file: str | None = None  # where the job secret is (0600); never the secret
+    pushes_nonfinite: int = 0  # summed over shards: refused for a NaN/inf gradient or loss
+    steps_skipped: int = 0  # shard 0: versions made without an update (--nonfinite skip-step)
 
     # -- summary.json -----------------------------------------------------
 

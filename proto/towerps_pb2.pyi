@@ -45,20 +45,22 @@ class TensorChunks(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors")
+    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors", "skip_step")
     WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_STEP_FIELD_NUMBER: _ClassVar[int]
     worker_rank: int
     step: int
     attempt: int
     num_examples: int
     loss: float
     num_tensors: int
-    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ...) -> None: ...
+    skip_step: bool
+    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("header", "chunks")
@@ -137,7 +139,7 @@ class StepRecord(_message.Message):
     def __init__(self, version: _Optional[int] = ..., loss: _Optional[float] = ..., num_examples: _Optional[int] = ..., applied_at_s: _Optional[float] = ..., staleness: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps", "pushes_dropped", "pushes_after_end", "gate_waits", "staleness_histogram")
+    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps", "pushes_dropped", "pushes_after_end", "gate_waits", "staleness_histogram", "pushes_nonfinite", "steps_skipped", "calls_in_flight")
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +152,9 @@ class StatusReply(_message.Message):
     PUSHES_AFTER_END_FIELD_NUMBER: _ClassVar[int]
     GATE_WAITS_FIELD_NUMBER: _ClassVar[int]
     STALENESS_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_NONFINITE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    CALLS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     shard_index: int
     version: int
     num_parameters: int
@@ -162,4 +167,7 @@ class StatusReply(_message.Message):
     pushes_after_end: int
     gate_waits: int
     staleness_histogram: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., pushes_dropped: _Optional[int] = ..., pushes_after_end: _Optional[int] = ..., gate_waits: _Optional[int] = ..., staleness_histogram: _Optional[_Iterable[int]] = ...) -> None: ...
+    pushes_nonfinite: int
+    steps_skipped: int
+    calls_in_flight: int
+    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., pushes_dropped: _Optional[int] = ..., pushes_after_end: _Optional[int] = ..., gate_waits: _Optional[int] = ..., staleness_histogram: _Optional[_Iterable[int]] = ..., pushes_nonfinite: _Optional[int] = ..., steps_skipped: _Optional[int] = ..., calls_in_flight: _Optional[int] = ...) -> None: ...

@@ -36,6 +36,7 @@ from towerps.errors import ConfigError
 
 MODES = ("sync", "async", "ssp")
 SUM_ORDERS = ("rank", "arrival")
+NONFINITE = ("reject", "skip-step")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,16 @@ class Mode:
     # sync: add a step's pushes in rank order (bit-reproducible with any number
     # of workers) or as they arrive (ps/aggregation.py)
     sum_order: str = "rank"
+    # A worker whose gradient holds NaN/inf: "reject" stops it with an error;
+    # "skip-step" makes it report the step as skipped (sync: the whole step
+    # applies nothing; async/ssp: that one push applies nothing).
+    nonfinite: str = "reject"
 
     def __post_init__(self):
+        if self.nonfinite not in NONFINITE:
+            raise ConfigError(
+                f"--nonfinite {self.nonfinite!r} is not known; choose one of {', '.join(NONFINITE)}"
+            )
         if self.sum_order not in SUM_ORDERS:
             raise ConfigError(
                 f"--sum-order {self.sum_order!r} is not known; choose rank (reproducible, "

@@ -4,15 +4,24 @@
     ...
     server.stop(grace=1.0)
 
-Errors leave as status codes that clients branch on: a malformed or
-mismatched tensor is INVALID_ARGUMENT, a push for a future step
-FAILED_PRECONDITION, a pull past its deadline DEADLINE_EXCEEDED, a shard
-that is closing UNAVAILABLE.
+Errors leave as status codes that clients branch on: a malformed message,
+a mismatched or non-finite tensor or an out-of-range field is
+INVALID_ARGUMENT, a push for a future step FAILED_PRECONDITION, a pull past
+its deadline DEADLINE_EXCEEDED, a shard that is closing UNAVAILABLE; no
+credentials UNAUTHENTICATED, a push for another worker's rank
+PERMISSION_DENIED, a call beyond the caps RESOURCE_EXHAUSTED (ps/guard.py).
+
+Bounded: a pull's timeout_s and the ssp gate's wait are clamped to
+`ShardLimits.max_wait_s` (NaN or negative: INVALID_ARGUMENT) and end when
+the caller's call ends (cancelled, or past its deadline), which frees the
+thread; a Push or Pull stream whose peer moves no bytes for
+`idle_stream_s` is cancelled.
 
 In ssp mode a Push answers only once its worker may start its next step
 (`Shard.wait_turn`): the gradient is applied on arrival, the reply waits for
 the slowest worker to come within the staleness bound. PullRequest does not
 name its worker, so the gate sits on the push that precedes the next pull.
+A DUPLICATE or ALREADY_APPLIED push changed nothing and answers at once.
 
 Push and Pull carry their tensors through towerps/codec.py (bytes written
 and parsed by hand, the same bytes the generated classes would make), so
@@ -32,11 +41,17 @@ from dataclasses import asdict, fields
 
 import grpc
 
+from towerps.auth import Authenticator, ShardCredentials
 from towerps.codec import parse_part, pull_stream, read_push
-from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import (
+    AccessDenied, BadRequest, ConfigError, PullTimeout, ShardUnavailable, StepMismatch,
+)
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
+from towerps.ps.guard import Guard
+from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits, checked_wait
 from towerps.ps.shard import PushOutcome, Shard
+from towerps.tls import server_credentials
 from towerps.wire import GRPC_OPTIONS, pull_wire_dtype
 
 _OUTCOMES = {
@@ -47,52 +62,92 @@ _OUTCOMES = {
     PushOutcome.DROPPED: pb.PushReply.DROPPED,
 }
 _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
+_UNCHANGED = (PushOutcome.DUPLICATE, PushOutcome.ALREADY_APPLIED)
 
 
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
-    def __init__(self, shard: Shard):
+    def __init__(self, shard: Shard, limits: ShardLimits, auth: Authenticator | None = None,
+                 slots: CallSlots | None = None):
         self._shard = shard
+        self._slots = slots
+        self._limits = limits
+        self._auth = auth
+        self.idle = IdleWatch(limits.idle_stream_s)
         self._share_encoding = shard.mode.aggregates and shard.num_workers > 1
         # wire dtype -> (version, its Pull messages): the latest version's only.
         self._encoded: dict[object, tuple[int, list[bytes]]] = {}
         self._encode_lock = threading.Lock()
 
     def Push(self, request_iterator, context):
+        ended = self._call_ended(context)
+        stream = self.idle.track(context.cancel)
         try:
-            header, grads = read_push(request_iterator, self._shard.specs)
-            result = self._shard.push(
-                header.worker_rank, header.step, grads, header.num_examples, header.loss
+            header, grads = read_push(
+                _reading(stream, request_iterator), self._shard.specs,
+                check_header=lambda h: self._check_rank(context, h.worker_rank),
             )
-            # Answer DEADLINE_EXCEEDED ourselves a second before the caller's deadline.
-            remaining = context.time_remaining()
-            wait_s = _GATE_WAIT_S if remaining is None else max(0.0, remaining - 1.0)
-            self._shard.wait_turn(header.worker_rank, wait_s)
-        except BadTensor as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except StepMismatch as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        except PullTimeout as err:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
-        except ShardUnavailable as err:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            stream.our_turn()
+            if header.skip_step:
+                result = self._shard.skip(header.worker_rank, header.step)
+            else:
+                result = self._shard.push(
+                    header.worker_rank, header.step, grads, header.num_examples, header.loss
+                )
+            if result.outcome not in _UNCHANGED:
+                self._shard.wait_turn(header.worker_rank, self._gate_wait_s(context), ended)
+        except (BadRequest, StepMismatch, PullTimeout, ShardUnavailable, AccessDenied) as err:
+            _abort(context, err)
+        finally:
+            stream.done()
         return pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
 
     def Pull(self, request, context):
-        # Never wait past the caller's own deadline.
-        timeout_s = request.timeout_s
-        remaining = context.time_remaining()
-        if remaining is not None:
-            timeout_s = min(timeout_s, remaining)
+        ended = self._call_ended(context)
         try:
+            timeout_s = checked_wait(request.timeout_s, self._limits.max_wait_s)
+            remaining = context.time_remaining()  # never wait past the caller's deadline
+            if remaining is not None:
+                timeout_s = min(timeout_s, remaining)
             wire_dtype = pull_wire_dtype(request.wire_dtype)
-            version, params = self._shard.pull(request.min_version, timeout_s)
-        except BadTensor as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except PullTimeout as err:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err))
-        except ShardUnavailable as err:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        yield from self._pull_messages(version, params, wire_dtype)
+            version, params = self._shard.pull(request.min_version, timeout_s, ended)
+        except (BadRequest, PullTimeout, ShardUnavailable) as err:
+            _abort(context, err)
+        stream = self.idle.track(context.cancel)
+        try:
+            for message in self._pull_messages(version, params, wire_dtype):
+                stream.peer_turn()  # gRPC sends it before asking for the next
+                yield message
+                stream.our_turn()
+        finally:
+            stream.done()
+
+    def _check_rank(self, context, rank: int) -> None:
+        """With credentials: only worker `rank`'s token may push as `rank`."""
+        if self._auth is None:
+            return
+        principal = self._auth.principal(context.invocation_metadata())
+        if principal is None or not principal.may_push_as(rank):
+            who = principal.name if principal else "this caller"
+            raise AccessDenied(f"{who} may not push as worker {rank}")
+
+    def _call_ended(self, context) -> threading.Event:
+        """Set (and the shard's waits woken) when the call ends, however it ends."""
+        ended = threading.Event()
+
+        def on_end():
+            ended.set()
+            self._shard.wake()
+
+        if not context.add_callback(on_end):
+            ended.set()
+        return ended
+
+    def _gate_wait_s(self, context) -> float:
+        """The ssp gate's wait: answer DEADLINE_EXCEEDED ourselves a second
+        before the caller's deadline; never past max_wait_s."""
+        remaining = context.time_remaining()
+        wait_s = _GATE_WAIT_S if remaining is None else max(0.0, remaining - 1.0)
+        return min(wait_s, self._limits.max_wait_s)
 
     def _pull_messages(self, version, params, wire_dtype):
         """The messages of `version`; when shared, encoded by its first pull
@@ -117,27 +172,109 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             num_parameters=self._shard.num_parameters,
             parameter_bytes=self._shard.parameter_bytes,
             steps=[pb.StepRecord(**asdict(record)) for record in stats.steps],
+            calls_in_flight=self._slots.in_flight if self._slots else 0,
             **counters,
         )
 
 
-def create_server(shard: Shard, address: str = "127.0.0.1:0", max_workers: int = 16):
+_ERROR_CODES = (
+    (AccessDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (StepMismatch, grpc.StatusCode.FAILED_PRECONDITION),
+    (PullTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ShardUnavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+def _abort(context, err: Exception) -> None:
+    code = next(code for kind, code in _ERROR_CODES if isinstance(err, kind))
+    context.abort(code, str(err))
+
+
+def _reading(stream, requests):
+    """`requests`, marking the wait for each as the peer's turn."""
+    iterator = iter(requests)
+    while True:
+        stream.peer_turn()
+        part = next(iterator, None)
+        if part is None:
+            return
+        stream.our_turn()
+        yield part
+
+
+def create_server(
+    shard: Shard,
+    address: str = "127.0.0.1:0",
+    limits: ShardLimits | None = None,
+    credentials: ShardCredentials | None = None,
+):
     """Start a gRPC server for `shard` on `address` (port 0: any free port).
 
-    Returns (server, port). Each in-flight Push or Pull holds one of
-    `max_workers` threads (a Pull waiting for the next version included), so
-    it must exceed twice the number of workers talking to this shard.
+    Returns (server, port). With `credentials`, every call must carry a
+    token of the job (towerps/auth.py), and with their TLS material the
+    port is mutual TLS with the job's CA. Without them the server only binds loopback addresses
+    (127.0.0.0/8, tests and benchmarks): a shard reachable from the network
+    always checks credentials. Each call in flight holds one thread; beyond
+    `limits.max_calls` (or its peer's cap) calls are refused, never queued.
+    Also serves grpc.health.v1 and server reflection, behind the same door.
     """
+    limits = limits or ShardLimits()
+    if credentials is None and not _is_loopback(address):
+        raise ConfigError(
+            f"a shard on {address} would accept calls from the network without "
+            "credentials; pass the job secret (or bind 127.0.0.1)"
+        )
+    auth = Authenticator(credentials.secret) if credentials else None
+    guard = Guard(auth, limits)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="shard"),
-        options=GRPC_OPTIONS,
+        # Threads beyond the cap answer refusals while every slot is taken;
+        # gRPC itself refuses calls beyond that (RESOURCE_EXHAUSTED).
+        futures.ThreadPoolExecutor(max_workers=limits.max_calls + 8, thread_name_prefix="shard"),
+        interceptors=[guard],
+        options=(*GRPC_OPTIONS, *SERVER_OPTIONS),
+        maximum_concurrent_rpcs=limits.max_calls + 8,
     )
-    server.add_generic_rpc_handlers((_handlers(ParameterServerServicer(shard)),))
-    port = server.add_insecure_port(address)
+    servicer = ParameterServerServicer(shard, limits, auth, guard.slots)
+    server.add_generic_rpc_handlers((_handlers(servicer),))
+    add_standard_services(server)
+    if credentials is None or credentials.tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, server_credentials(credentials.tls))
     if port == 0:
         raise ShardUnavailable(f"could not bind a gRPC server to {address}")
     server.start()
     return server, port
+
+
+# HTTP/2 limits per connection: streams at once, and how long a connection
+# with no call at all may stay open.
+SERVER_OPTIONS = (
+    ("grpc.max_concurrent_streams", 32),
+    ("grpc.max_connection_idle_ms", 300_000),
+)
+
+
+def add_standard_services(server: grpc.Server) -> None:
+    """grpc.health.v1 (SERVING for the server and for ParameterServer) and
+    server reflection, so that standard gRPC tools can talk to a shard."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    service = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+    health_servicer = health.HealthServicer()
+    for name in ("", service):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host.startswith("127.") or host in ("localhost", "::1")
 
 
 def _handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:

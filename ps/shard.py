@@ -26,6 +26,15 @@ the mean replaces the state when the step is applied: as synchronous
 replicas combine them. In async/ssp each applied push's values replace the
 state (the last writer wins); a push that is dropped changes nothing.
 
+Hostile input changes nothing: a push with a NaN or infinite value or
+loss, more examples than the global batch (`max_examples`), a rank outside
+0..N-1 or tensors unlike the variables raises BadTensor/BadRequest and is
+counted as rejected; parameters never become NaN from a push. A worker
+whose own gradient is not finite and whose mode says `nonfinite="skip-step"`
+calls `skip` instead of `push` on every shard, so every shard skips alike.
+Every wait (`pull`, `wait_turn`) also ends when its caller's call ends: the
+servicer passes an Event it sets when the RPC terminates, then calls `wake`.
+
 Exactly once: a push names (worker_rank, step), and a worker's steps only
 grow; a repeat is answered DUPLICATE (still in the buffer) or
 ALREADY_APPLIED and changes nothing, so the client may retry a lost answer.
@@ -44,6 +53,7 @@ from many threads at once.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,13 +62,14 @@ from enum import Enum
 
 import numpy as np
 
-from towerps.errors import BadTensor, CheckpointError, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import (
+    BadRequest, BadTensor, CheckpointError, NotFinite, PullTimeout, ShardUnavailable, StepMismatch,
+)
 from towerps.ps.aggregation import StepBuffer
 from towerps.ps.checkpoint import ShardState
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.wire import TensorSpec, spec_of
-
 
 
 class PushOutcome(Enum):
@@ -69,6 +80,7 @@ class PushOutcome(Enum):
     DUPLICATE = "duplicate"  # a repeat of a push still in the buffer
     ALREADY_APPLIED = "already_applied"  # a repeat of a push long applied or dropped
     DROPPED = "dropped"  # not applied: its sync step went ahead without it, or the run ended
+
 
 _NO_END = 2**62  # an end version no run reaches
 
@@ -97,6 +109,8 @@ class ShardStats:
     pushes_dropped: int = 0  # sync with backups: arrived after their step was applied
     pushes_after_end: int = 0  # arrived once the run's last version was made
     gate_waits: int = 0  # ssp: times a worker had to wait for the slowest
+    pushes_nonfinite: int = 0  # refused (and in pushes_rejected): NaN/inf gradient or loss
+    steps_skipped: int = 0  # versions made without an update: a worker's gradient was not finite
     staleness_histogram: list[int] = field(default_factory=list)  # [s] = applied pushes
     steps: list[StepRecord] = field(default_factory=list)
 
@@ -107,7 +121,8 @@ class Shard:
     `variables` (trained by `optimizer`) and `state` (replaced by the pushed
     values) are copied into float32 arrays the shard owns; their names must
     differ. `num_workers` ranks 0..num_workers-1 may push. `end_version`
-    None: no end.
+    None: no end. `max_examples` (the global batch) bounds a push's
+    `num_examples`; None: no bound.
     """
 
     def __init__(
@@ -119,6 +134,7 @@ class Shard:
         mode: Mode | None = None,
         end_version: int | None = None,
         state: Mapping[str, np.ndarray] | None = None,
+        max_examples: int | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -138,6 +154,8 @@ class Shard:
         self._lock = threading.Condition()
         self._version = 0
         self._end = _NO_END if end_version is None else end_version
+        self._max_examples = max_examples
+        self._skipping: set[int] = set()  # sync: ranks that reported the step as skipped
         self._closed = False
         self._stats = ShardStats()
         # sync: the step being gathered (gradients and state values alike)
@@ -154,10 +172,10 @@ class Shard:
 
     @classmethod
     def from_state(cls, state: ShardState, optimizer: Optimizer, mode: Mode | None = None,
-                   end_version: int | None = None) -> Shard:
+                   end_version: int | None = None, max_examples: int | None = None) -> Shard:
         """A new shard that goes on from `state` (a checkpoint's part)."""
         shard = cls(state.index, state.params, optimizer, state.num_workers, mode, end_version,
-                    state=state.non_trainable)
+                    state=state.non_trainable, max_examples=max_examples)
         shard.restore(state)
         return shard
 
@@ -194,11 +212,7 @@ class Shard:
         ssp gate is `wait_turn`, called after).
         """
         with self._lock:
-            try:
-                self._check_push(worker_rank, step, grads, num_examples)
-            except (BadTensor, StepMismatch):
-                self._stats.pushes_rejected += 1
-                raise
+            self._refuse_bad(self._check_push, worker_rank, step, grads, num_examples, loss)
             if step <= self._last_step[worker_rank]:
                 # A retry whose answer was lost: in the buffer, or long applied/dropped.
                 self._stats.pushes_duplicate += 1
@@ -217,6 +231,76 @@ class Shard:
             self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness))
             return PushResult(PushOutcome.APPLIED, self._version, staleness)
 
+    def skip(self, worker_rank: int, step: int) -> PushResult:
+        """Take a worker's report that its gradient of `step` was not finite
+        (`mode.nonfinite == "skip-step"`); the worker calls it on every shard.
+
+        Sync: the step still waits for its quorum, then makes version + 1
+        without an update (every gradient of it is dropped), as Keras' loss
+        scaling skips a step. Async/ssp: this push makes a version with no
+        update and counts on the worker's clock. Idempotent like `push`.
+        """
+        with self._lock:
+            self._refuse_bad(self._check_skip, worker_rank, step)
+            if step <= self._last_step[worker_rank]:
+                self._stats.pushes_duplicate += 1
+                outcome = (PushOutcome.DUPLICATE if step == self._version
+                           else PushOutcome.ALREADY_APPLIED)
+                return PushResult(outcome, self._version)
+            self._last_step[worker_rank] = step
+            if self._version >= self._end:
+                self._stats.pushes_after_end += 1
+                return PushResult(PushOutcome.DROPPED, self._version)
+            self._clocks[worker_rank] += 1
+            if not self.mode.aggregates:
+                self._advance_without_update(self._version - step)
+                return PushResult(PushOutcome.APPLIED, self._version)
+            if step < self._version:
+                self._stats.pushes_dropped += 1
+                return PushResult(PushOutcome.DROPPED, self._version)
+            self._skipping.add(worker_rank)
+            return self._complete_if_quorum()
+
+    def _refuse_bad(self, check, *args) -> None:
+        """Run `check`; count a refusal (BadRequest, StepMismatch) and re-raise it."""
+        try:
+            check(*args)
+        except (BadRequest, StepMismatch) as err:
+            self._stats.pushes_rejected += 1
+            self._stats.pushes_nonfinite += isinstance(err, NotFinite)
+            raise
+
+    def _check_skip(self, worker_rank: int, step: int) -> None:
+        if self.mode.nonfinite != "skip-step":
+            raise BadRequest(
+                f"shard {self.index}: worker {worker_rank} asked to skip step {step}, but "
+                f"this run's --nonfinite is {self.mode.nonfinite}"
+            )
+        self._check_rank_and_step(worker_rank, step)
+
+    def _advance_without_update(self, staleness: int) -> None:
+        """A version with no optimizer update (skip-step). Caller holds the lock."""
+        self._version += 1
+        self._snapshot = None
+        self._stats.steps_skipped += 1
+        self._stats.steps.append(StepRecord(self._version, 0.0, 0, time.time(), staleness))
+        self._lock.notify_all()
+
+    def _complete_if_quorum(self) -> PushResult:
+        """Sync: apply (or skip) the step once the quorum is in. Caller holds the lock."""
+        buffer = self._buffer
+        if len(buffer) + len(self._skipping) < self._quorum:
+            return PushResult(PushOutcome.BUFFERED, self._version)
+        if self._skipping:
+            buffer.clear()
+            self._skipping.clear()
+            self._advance_without_update(0)
+            return PushResult(PushOutcome.APPLIED, self._version)
+        mean, loss, examples, count = buffer.mean(), buffer.loss, buffer.num_examples, len(buffer)
+        buffer.clear()  # before _apply: a checkpoint taken there holds no step in progress
+        self._apply(mean, loss, examples, 0, count, 1.0)
+        return PushResult(PushOutcome.APPLIED, self._version)
+
     def _gather(self, worker_rank, step, grads, num_examples, loss) -> PushResult:
         """Sync: add to the step being gathered; apply once the quorum is in."""
         if step < self._version:
@@ -225,13 +309,7 @@ class Shard:
             return PushResult(PushOutcome.DROPPED, self._version)
         self._buffer.add(worker_rank, grads, num_examples, loss)
         self._stats.pushes_applied += 1
-        if len(self._buffer) < self._quorum:
-            return PushResult(PushOutcome.BUFFERED, self._version)
-        buffer = self._buffer
-        mean, loss, num_examples, count = buffer.mean(), buffer.loss, buffer.num_examples, len(buffer)
-        buffer.clear()  # before _apply: a checkpoint taken there holds no step in progress
-        self._apply(mean, loss, num_examples, 0, count, 1.0)
-        return PushResult(PushOutcome.APPLIED, self._version)
+        return self._complete_if_quorum()
 
     def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
         """One optimizer update and the new state; version + 1; wake pulls and gates.
@@ -258,18 +336,33 @@ class Shard:
             self._checkpoint_sink(state, time.perf_counter() - t0)
         self._lock.notify_all()
 
-    def _check_push(self, worker_rank, step, grads, num_examples) -> None:
-        if not 0 <= worker_rank < self.num_workers:
-            raise BadTensor(
-                f"worker_rank {worker_rank} is outside 0..{self.num_workers - 1}"
-            )
+    def _check_push(self, worker_rank, step, grads, num_examples, loss) -> None:
+        self._check_rank_and_step(worker_rank, step)
         if num_examples < 1:
             raise BadTensor(f"num_examples must be at least 1, got {num_examples}")
+        if self._max_examples is not None and num_examples > self._max_examples:
+            raise BadRequest(
+                f"num_examples {num_examples} is more than the global batch of "
+                f"{self._max_examples}; a push carries at most one global batch"
+            )
+        if not math.isfinite(loss):
+            raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")
+        self._check_tensors(grads)
+
+    def _check_rank_and_step(self, worker_rank, step) -> None:
+        if not 0 <= worker_rank < self.num_workers:
+            raise BadTensor(  # BadTensor, as callers have always caught
+                f"worker_rank {worker_rank} is outside 0..{self.num_workers - 1}"
+            )
+        if step < 0:
+            raise BadRequest(f"step {step} is negative; steps count versions from 0")
         if step > self._version:
             raise StepMismatch(
                 f"shard {self.index}: push for step {step} but the shard is at "
                 f"version {self._version}; pull version {step} before pushing for it"
             )
+
+    def _check_tensors(self, grads) -> None:
         if set(grads) != set(self.specs):
             missing = sorted(set(self.specs) - set(grads))
             unknown = sorted(set(grads) - set(self.specs))
@@ -283,6 +376,11 @@ class Shard:
                 raise BadTensor(
                     f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
                     f"expected dtype {spec.dtype} shape {spec.shape}"
+                )
+            if not np.isfinite(grad).all():
+                raise NotFinite(
+                    f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
+                    "it and its parameters are unchanged"
                 )
 
     def may_proceed(self, worker_rank: int) -> bool:
@@ -300,17 +398,23 @@ class Shard:
             return True
         return min(self._clocks) >= self._clocks[worker_rank] - bound
 
-    def wait_turn(self, worker_rank: int, timeout_s: float) -> bool:
+    def wait_turn(
+        self, worker_rank: int, timeout_s: float, call_ended: threading.Event | None = None
+    ) -> bool:
         """Block until `worker_rank` may start its next step; True if it had to wait.
 
-        Returns at once outside ssp. Raises PullTimeout after `timeout_s`,
-        ShardUnavailable once closed.
+        Returns at once outside ssp. Raises PullTimeout after `timeout_s` or
+        once `call_ended` is set (and `wake` called), ShardUnavailable once closed.
         """
+        ended = call_ended or threading.Event()
         with self._lock:
             if self._gate_open(worker_rank):
                 return False
             self._stats.gate_waits += 1
-            ready = self._lock.wait_for(lambda: self._gate_open(worker_rank), timeout=timeout_s)
+            ready = self._lock.wait_for(
+                lambda: self._gate_open(worker_rank) or ended.is_set(), timeout=timeout_s
+            )
+            ready = ready and not ended.is_set()
             if self._closed:
                 raise ShardUnavailable(f"shard {self.index} is shutting down")
             if not ready:
@@ -323,20 +427,26 @@ class Shard:
                 )
             return True
 
-    def pull(self, min_version: int, timeout_s: float) -> tuple[int, dict[str, np.ndarray]]:
+    def pull(
+        self, min_version: int, timeout_s: float, call_ended: threading.Event | None = None
+    ) -> tuple[int, dict[str, np.ndarray]]:
         """Block until version >= min_version (or the run's end), then return
         (version, parameters).
 
         The version is below `min_version` only when the run ended there. The
         arrays are a read-only snapshot: later steps do not change them.
-        Raises PullTimeout after `timeout_s`, ShardUnavailable once closed.
+        Raises PullTimeout after `timeout_s` or once `call_ended` is set (and
+        `wake` called), ShardUnavailable once closed.
         """
+        ended = call_ended or threading.Event()
         with self._lock:
             target = min(min_version, self._end)
             ready = self._lock.wait_for(
-                lambda: self._version >= min(target, self._end) or self._closed,
+                lambda: self._version >= min(target, self._end) or self._closed
+                or ended.is_set(),
                 timeout=timeout_s,
             )
+            ready = ready and not ended.is_set()
             if self._closed:
                 raise ShardUnavailable(f"shard {self.index} is shutting down")
             if not ready:
@@ -440,6 +550,11 @@ class Shard:
                 f"{self.num_workers} workers and {sorted(self.specs)[:5]}: resume with the "
                 "configuration the checkpoint was written with"
             )
+
+    def wake(self) -> None:
+        """Make every waiting pull and gate look at its call again (one ended)."""
+        with self._lock:
+            self._lock.notify_all()
 
     def close(self) -> None:
         """Wake every waiting pull and gate with ShardUnavailable. Idempotent."""

@@ -17,6 +17,12 @@ pushes. A repeated push is safe: it names (worker_rank, step) and carries
 its attempt number, and shards apply each (worker_rank, step) once.
 Anything else surfaces as a towerps error. Thread-safe.
 
+Credentials (towerps/auth.py): every call carries their token (a worker's
+own rank token, or the job secret for the driver) as `authorization:
+Bearer` metadata, and with their TLS material the channels are mutual TLS
+with the job's CA; None: neither (shards bound to loopback, in tests).
+A shard that refuses them surfaces as AccessDenied.
+
 With `wire_dtype` bfloat16 or float16, gradients and pulled parameters
 travel in that dtype (half the bytes); shards accumulate and apply in
 float32, and pulled parameters are widened to float32 here.
@@ -33,12 +39,16 @@ import grpc
 import grpc.experimental
 import numpy as np
 
+from towerps.auth import Credentials, bearer
 from towerps.codec import parse_part, push_stream, read_pull
-from towerps.errors import BadTensor, ConfigError, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import (
+    AccessDenied, BadTensor, ConfigError, Overloaded, PullTimeout, ShardUnavailable, StepMismatch,
+)
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
 from towerps.ps.shard import PushOutcome
+from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
@@ -56,6 +66,7 @@ class PSClient:
         rpc_timeout_s: float = 120.0,
         max_attempts: int = 4,
         backoff_s: float = 0.2,
+        credentials: Credentials | None = None,
     ):
         if len(addresses) != plan.num_shards:
             raise ConfigError(
@@ -71,10 +82,19 @@ class PSClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self._metadata = bearer(credentials.token) if credentials else None
+        tls = credentials.tls if credentials else None
         # A pull (unary-stream) reads its replies on the calling thread rather
         # than through gRPC's channel thread: one hand-off fewer per message.
         options = (*GRPC_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
-        self._channels = [grpc.insecure_channel(a, options=options) for a in addresses]
+        if tls is None:
+            self._channels = [grpc.insecure_channel(a, options=options) for a in addresses]
+        else:
+            credentials = channel_credentials(tls)
+            self._channels = [
+                grpc.secure_channel(a, credentials, options=(*options, *TLS_OPTIONS))
+                for a in addresses
+            ]
         self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
         # Push and Pull through towerps/codec.py: a pushed message is already
         # bytes (no serializer), a pulled one is parsed without copying.
@@ -109,7 +129,8 @@ class PSClient:
         def pull_one(k: int):
             def call(attempt: int):
                 # The RPC deadline leaves the shard time to answer DEADLINE_EXCEEDED itself.
-                return read_pull(self._pull_calls[k](request, timeout=timeout_s + 10.0))
+                return read_pull(self._pull_calls[k](
+                    request, timeout=timeout_s + 10.0, metadata=self._metadata))
 
             return self._call(k, call, _RETRY_ALWAYS)
 
@@ -137,6 +158,17 @@ class PSClient:
         per_shard = self.plan.split(grads)
         itemsize = self.wire_dtype.itemsize
         payload = sum(a.size for a in grads.values()) * itemsize
+        outcomes = self._push_all(worker_rank, step, per_shard, num_examples, loss, False)
+        self._count(sent=payload)
+        return outcomes
+
+    def skip(self, worker_rank: int, step: int) -> list[str]:
+        """Tell every shard that this worker's gradient of `step` was not
+        finite (--nonfinite skip-step): the step applies nothing. Outcomes as `push`."""
+        empty = [{} for _ in range(self.num_shards)]
+        return self._push_all(worker_rank, step, empty, 0, 0.0, True)
+
+    def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step) -> list[str]:
 
         def push_one(k: int):
             def call(attempt: int):
@@ -147,22 +179,25 @@ class PSClient:
                     num_examples=num_examples,
                     loss=loss,
                     num_tensors=len(per_shard[k]),
+                    skip_step=skip_step,
                 )
                 messages = push_stream(header, per_shard[k], self.wire_dtype)
-                reply = self._push_calls[k](messages, timeout=self.rpc_timeout_s)
+                reply = self._push_calls[k](
+                    messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
                 return _OUTCOMES[reply.outcome]
 
             return self._call(k, call, _RETRY_PUSH)
 
-        outcomes = self._fan_out(push_one)
-        self._count(sent=payload)
-        return outcomes
+        return self._fan_out(push_one)
 
     def status(self, since_version: int = 0) -> list[pb.StatusReply]:
         request = pb.StatusRequest(since_version=since_version)
         return self._fan_out(
             lambda k: self._call(
-                k, lambda attempt: self._stubs[k].Status(request, timeout=30.0), _RETRY_ALWAYS
+                k,
+                lambda attempt: self._stubs[k].Status(
+                    request, timeout=30.0, metadata=self._metadata),
+                _RETRY_ALWAYS,
             )
         )
 
@@ -229,6 +264,13 @@ def _as_towerps_error(k: int, address: str, err: grpc.RpcError) -> Exception:
         return StepMismatch(f"{where}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return PullTimeout(f"{where} did not answer in time: {details}")
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return AccessDenied(
+            f"{where} refused this client's credentials ({code.name}): {details}; "
+            "is it a shard of this job, with this job's token and TLS files?"
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Overloaded(f"{where} is at its call caps: {details}")
     return ShardUnavailable(
         f"{where} failed with {code.name}: {details} "
         "(is the shard's process alive and its address reachable from this node?)"

@@ -11,6 +11,9 @@
         grads       <- towers, on this worker's slice of a global batch:
                        sync: global batch v (so N workers = one big batch);
                        async/ssp: global batch k, k = this worker's own step count
+        a NaN/inf in grads or loss: --nonfinite reject stops this worker with
+                       NotFinite (and so the run); skip-step tells every shard
+                       to skip step v (client.skip) instead of pushing
         push (rank, step=v, grads) to every shard
                        sync: the answer may be DROPPED (late: move on);
                        ssp: the answer waits until this worker is within s of
@@ -23,13 +26,14 @@ worker restarted at any step pulls that step and goes on.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from towerps.errors import ConfigError, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import ConfigError, NotFinite, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.workers.batches import num_examples
 from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
@@ -87,6 +91,7 @@ class WorkerReport:
     push_s: float = 0.0  # ssp: includes waiting at the gate for the slowest worker
     pushes_dropped: int = 0  # pushes some shard did not apply (late, or after the end)
     versions_skipped: int = 0  # sync with backups: steps passed before this worker got to them
+    nonfinite_steps: int = 0  # steps whose gradient held NaN/inf (skip-step: skipped)
     bytes_sent: int = 0  # tensor payload pushed to the shards
     bytes_received: int = 0  # tensor payload pulled from the shards
     losses: list[float] = field(default_factory=list)
@@ -176,7 +181,7 @@ class Worker:
             clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)
         t2 = time.perf_counter()
         # self.client again: a redirect during the compute may have replaced it.
-        outcomes = self.client.push(spec.rank, version, grads, num_examples=num_examples(x), loss=loss)
+        outcomes = self._push(version, grads, num_examples(x), loss, report)
         t3 = time.perf_counter()
         report.pull_s += t1 - t0
         report.compute_s += t2 - t1
@@ -185,6 +190,21 @@ class Worker:
         report.pushes_dropped += PushOutcome.DROPPED in outcomes
         report.losses.append(loss)
         return version
+
+    def _push(self, version: int, grads, examples: int, loss: float, report) -> list:
+        """Push `grads`, checked whole first: each shard sees only its slice,
+        so the worker decides for all of them what a NaN/inf does."""
+        bad = sorted(n for n, g in grads.items() if not np.isfinite(g).all())
+        if not bad and math.isfinite(loss):
+            return self.client.push(self.spec.rank, version, grads, examples, loss)
+        report.nonfinite_steps += 1
+        if self.spec.mode.nonfinite == "skip-step":
+            return self.client.skip(self.spec.rank, version)
+        raise NotFinite(
+            f"worker {self.spec.rank}: the gradient of step {version} is not finite "
+            f"(NaN or infinity in {bad or ['the loss']}); nothing was pushed. Lower --lr, "
+            "or run with --nonfinite skip-step to skip such steps"
+        )
 
 
 def clip_global_norm(grads: dict, names: list[str], clipnorm: float) -> None:

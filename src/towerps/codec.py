@@ -19,6 +19,15 @@ and tests/unit/test_codec.py checks both directions against the generated
 classes. `parse_part` never raises: a malformed message becomes a `Part`
 with `error` set, so the reader fails with BadTensor (INVALID_ARGUMENT at a
 shard) instead of gRPC's opaque "Exception deserializing request".
+
+Decoding cost is bounded by the bytes received, whatever they hold: a
+message may hold at most MAX_FIELDS top-level fields and MAX_CHUNKS chunks
+(each of at most MAX_FIELDS fields and MAX_RANK dimensions), counted while
+parsing, so no flood of tiny fields builds objects before it is refused;
+a message with neither a header nor a chunk is malformed; and the reader's
+assembler refuses a chunk that is neither 4 KiB long nor the end of its
+tensor (towerps/wire.py), so a stream holds at most about one chunk per
+4 KiB of the tensors it must carry. The writer never exceeds these bounds.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from google.protobuf.message import DecodeError
+
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 from towerps.wire import CHUNK_BYTES, TensorAssembler, TensorSpec, wire_code
@@ -35,6 +46,9 @@ from towerps.wire import CHUNK_BYTES, TensorAssembler, TensorSpec, wire_code
 _LEN, _VARINT, _I64, _I32 = 2, 0, 1, 5  # protobuf wire types
 _HEADER, _CHUNKS = 1, 2  # field numbers of the oneof in PushRequest and PullReply
 _INT64_SIGN = 1 << 63
+MAX_FIELDS = 64  # fields of one message or chunk (a chunk's dimensions included)
+MAX_CHUNKS = 1024  # chunks in one message: the writer starts a new message sooner
+MAX_RANK = 32  # dimensions of a tensor
 
 
 class Chunk(NamedTuple):
@@ -118,7 +132,7 @@ def _chunk_messages(tensors, wire_dtype, chunk_bytes=CHUNK_BYTES) -> Iterator[by
         return b"".join([_key(_CHUNKS, _LEN), _varint(body_len), *entries])
 
     for prefix, data in _pieces(tensors, chunk_bytes, wire_dtype):
-        if entries and size + len(data) > chunk_bytes:
+        if entries and (size + len(data) > chunk_bytes or len(entries) >= 4 * MAX_CHUNKS):
             yield message()
             entries, size = [], 0
         entries += [_key(1, _LEN), _varint(len(prefix) + len(data)), prefix, data]
@@ -169,10 +183,17 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value & _INT64_SIGN else value
 
 
-def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int | tuple[int, int]]]:
+def _fields(
+    buf: bytes, pos: int, end: int, limit: int = MAX_FIELDS
+) -> Iterator[tuple[int, int, int | tuple[int, int]]]:
     """(field number, wire type, value) of one message in buf[pos:end]; the
-    value of a length-delimited field is its (start, end)."""
+    value of a length-delimited field is its (start, end). More than `limit`
+    fields: BadTensor, raised before the next one is read."""
+    count = 0
     while pos < end:
+        count += 1
+        if count > limit:
+            raise BadTensor(f"malformed message: more than {limit} fields")
         key, pos = _read_varint(buf, pos, end)
         field, wire_type = key >> 3, key & 7
         if wire_type == _VARINT:
@@ -203,9 +224,13 @@ def _parse_chunk(buf: bytes, view: memoryview, pos: int, end: int) -> Chunk:
         elif field == 3 and wire_type == _LEN:  # packed (proto3's default)
             p, stop = value
             while p < stop:
+                if len(shape) >= MAX_RANK:
+                    raise BadTensor(f"malformed TensorChunk: more than {MAX_RANK} dimensions")
                 dim, p = _read_varint(buf, p, stop)
                 shape.append(_int64(dim))
         elif field == 3 and wire_type == _VARINT:  # unpacked, also valid protobuf
+            if len(shape) >= MAX_RANK:
+                raise BadTensor(f"malformed TensorChunk: more than {MAX_RANK} dimensions")
             shape.append(_int64(value))
         elif field == 4 and wire_type == _VARINT:
             offset = _int64(value)
@@ -226,25 +251,42 @@ def parse_part(buf: bytes) -> Part:
             if field == _HEADER:
                 header, chunks = bytes(view[start:end]), []  # oneof: the last one set wins
             elif field == _CHUNKS:
-                header = None
-                chunks = [_parse_chunk(buf, view, s, e)
-                          for f, w, (s, e) in _fields(buf, start, end) if f == 1 and w == _LEN]
+                header, chunks = None, _parse_chunks(buf, view, start, end)
+        if header is None and not chunks:
+            raise BadTensor("malformed message: it carries neither a header nor a chunk")
     except BadTensor as err:
         return Part(error=str(err))
     return Part(header=header, chunks=tuple(chunks))
 
 
+def _parse_chunks(buf: bytes, view: memoryview, start: int, end: int) -> list[Chunk]:
+    """A TensorChunks body: each chunk checked as it is parsed."""
+    chunks = []
+    for field, wire_type, value in _fields(buf, start, end, limit=MAX_CHUNKS):
+        if field != 1 or wire_type != _LEN:
+            raise BadTensor(f"malformed TensorChunks: field {field} of wire type {wire_type}")
+        chunks.append(_parse_chunk(buf, view, *value))
+    return chunks
+
+
 # -- reading whole streams -------------------------------------------------
 
-def _read(parts: Iterable[Part], header_type, stream: str, expected=None):
+def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_header=None):
     it = iter(parts)
     first = next(it, None)
     if first is not None and first.error:
         raise BadTensor(f"a {stream} stream's first message is malformed: {first.error}")
     if first is None or first.header is None:
         raise BadTensor(f"a {stream} stream must start with a {header_type.__name__}")
-    header = header_type.FromString(first.header)
-    assembler = TensorAssembler(expected)
+    try:
+        header = header_type.FromString(first.header)
+    except DecodeError as err:
+        raise BadTensor(f"a {stream} stream's {header_type.__name__} is malformed: {err}") from None
+    if header.num_tensors < 0:
+        raise BadTensor(f"a {stream} stream announced {header.num_tensors} tensors")
+    if check_header is not None:
+        check_header(header)
+    assembler = TensorAssembler(expected, max_tensors=header.num_tensors)
     for part in it:
         if part.error:
             raise BadTensor(f"a {stream} stream carried a malformed message: {part.error}")
@@ -257,10 +299,14 @@ def _read(parts: Iterable[Part], header_type, stream: str, expected=None):
 
 
 def read_push(
-    parts: Iterable[Part], expected: Mapping[str, TensorSpec]
+    parts: Iterable[Part], expected: Mapping[str, TensorSpec], check_header=None
 ) -> tuple[pb.PushHeader, dict[str, np.ndarray]]:
-    """Decode a Push stream; raises BadTensor on any malformed part."""
-    return _read(parts, pb.PushHeader, "Push", expected)
+    """Decode a Push stream; raises BadTensor on any malformed part.
+
+    `check_header(header)`, if given, runs before any chunk is read (what it
+    raises propagates). A skip_step push carries no tensors.
+    """
+    return _read(parts, pb.PushHeader, "Push", expected, check_header)
 
 
 def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:

@@ -18,8 +18,16 @@ class DataSetNotFound(TowerpsError, FileNotFoundError):
     """A data set is neither on disk nor downloadable from here."""
 
 
-class BadTensor(TowerpsError, ValueError):
+class BadRequest(TowerpsError, ValueError):
+    """A request is malformed or a field is out of range (INVALID_ARGUMENT)."""
+
+
+class BadTensor(BadRequest):
     """A tensor's name, dtype, shape or bytes do not match what was expected."""
+
+
+class NotFinite(BadTensor):
+    """A gradient holds NaN or infinity; the message names the tensor and the policy."""
 
 
 class StepMismatch(TowerpsError):
@@ -32,6 +40,14 @@ class PullTimeout(TowerpsError, TimeoutError):
 
 class ShardUnavailable(TowerpsError, ConnectionError):
     """A shard did not answer (dead peer, wrong address, network)."""
+
+
+class AccessDenied(TowerpsError, PermissionError):
+    """A call carried no valid credentials, or credentials for another worker rank."""
+
+
+class Overloaded(TowerpsError):
+    """A shard refused a call beyond its concurrency caps (RESOURCE_EXHAUSTED)."""
 
 
 class ClusterError(TowerpsError, RuntimeError):

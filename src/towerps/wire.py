@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -22,6 +24,10 @@ from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 
 CHUNK_BYTES = 1 << 20
+# A tensor may come in at most 4 + nbytes // MIN_CHUNK_BYTES chunks: a stream
+# then holds about one chunk per MIN_CHUNK_BYTES of tensor, whoever sent it
+# (towerps' own writer sends chunks of up to 1 MiB).
+MIN_CHUNK_BYTES = 4096
 # Set explicitly on both ends (gRPC's default receive limit is 4 MiB). Chunks
 # are far below it; the headroom is for the few fields around each chunk.
 MAX_MESSAGE_BYTES = 16 << 20
@@ -50,7 +56,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
 
 def spec_of(array: np.ndarray) -> TensorSpec:
@@ -89,14 +95,22 @@ class TensorAssembler:
     With `expected`, a tensor whose name, dtype or shape differs is refused
     at its first chunk, before any byte is copied; a float32 tensor may
     arrive in a compact WIRE_DTYPES dtype and is widened to float32 by
-    `finish`. Not thread-safe: one assembler per stream.
+    `finish`. A chunk after its tensor is complete or beyond its tensor's
+    chunk budget (4 + nbytes // MIN_CHUNK_BYTES) is refused, and so is a
+    tensor beyond `max_tensors`: the work done is bounded by the bytes the
+    tensors hold. Not thread-safe: one assembler per stream.
     """
 
-    def __init__(self, expected: Mapping[str, TensorSpec] | None = None):
+    def __init__(
+        self, expected: Mapping[str, TensorSpec] | None = None, max_tensors: int | None = None
+    ):
         self._expected = expected
+        self._max_tensors = max_tensors
         self._buffers: dict[str, np.ndarray] = {}  # uint8, filled chunk by chunk
         self._specs: dict[str, TensorSpec] = {}
         self._received: dict[str, int] = {}
+        self._complete: set[str] = set()  # every byte received: no more chunks
+        self._chunks: dict[str, int] = {}  # chunks taken per tensor
 
     def add(self, chunk) -> None:
         """Take one chunk: a pb.TensorChunk or a codec.Chunk (same fields)."""
@@ -107,6 +121,8 @@ class TensorAssembler:
         if chunk.dtype != wire_code(spec.dtype) or tuple(chunk.shape) != spec.shape:
             raise BadTensor(f"tensor {name!r}: chunks disagree on dtype or shape")
         done = self._received[name]
+        if name in self._complete:
+            raise BadTensor(f"tensor {name!r}: a chunk arrived after the tensor was complete")
         if chunk.offset != done:
             raise BadTensor(
                 f"tensor {name!r}: chunk at byte {chunk.offset}, expected byte {done} "
@@ -118,11 +134,25 @@ class TensorAssembler:
                 f"tensor {name!r}: {end} bytes received, but dtype {spec.dtype} "
                 f"and shape {spec.shape} hold only {spec.nbytes}"
             )
+        self._chunks[name] += 1
+        if self._chunks[name] > 4 + spec.nbytes // MIN_CHUNK_BYTES:
+            raise BadTensor(
+                f"tensor {name!r} of {spec.nbytes} bytes came in more than "
+                f"{4 + spec.nbytes // MIN_CHUNK_BYTES} chunks; send chunks of "
+                f"{MIN_CHUNK_BYTES} bytes or more"
+            )
+
         self._buffers[name][done:end] = np.frombuffer(chunk.data, np.uint8)
         self._received[name] = end
+        if end == spec.nbytes:
+            self._complete.add(name)
 
     def _start(self, chunk) -> None:
         name = chunk.name
+        if self._max_tensors is not None and len(self._buffers) >= self._max_tensors:
+            raise BadTensor(
+                f"tensor {name!r} is one more than the {self._max_tensors} the stream announced"
+            )
         if chunk.dtype not in _FROM_WIRE:
             raise BadTensor(f"tensor {name!r}: unknown wire dtype code {chunk.dtype}")
         if any(d < 0 for d in chunk.shape):
@@ -145,6 +175,7 @@ class TensorAssembler:
         # np.empty, not bytearray: no zero-fill of bytes about to be overwritten.
         self._buffers[name] = np.empty(spec.nbytes, np.uint8)
         self._received[name] = 0
+        self._chunks[name] = 0
 
     def finish(self, num_tensors: int | None = None) -> dict[str, np.ndarray]:
         """The complete tensors; raises BadTensor if any is short or missing."""

@@ -75,6 +75,11 @@ def test_one_shard_and_one_worker_per_node_train_across_the_nodes(two_nodes, tmp
     # Both nodes ran the driver's own towerps, shipped with the job (py_modules).
     assert all("/runtime_resources/py_modules_files/" in p["code"] for p in summary["placement"])
     assert summary["test_accuracy"] > 0.1
+    # Two nodes and no --tls flag: mutual TLS is on, cluster.json names the shards.
+    assert summary["tls"] is True
+    cluster = json.loads((tmp_path / "cluster.json").read_text())
+    assert sorted(s["address"] for s in cluster["shards"]) == sorted(p["address"] for p in shards)
+    assert "BEGIN CERTIFICATE" in cluster["tls"]["ca_pem"]
 
     # The driver's log says where everything landed.
     for p in shards:

@@ -44,6 +44,17 @@ def test_transport(tmp_path):
         # The shard holds the parameters (and the step's buffer): its peak is above them.
         assert size["shard_hwm_bytes"] > size["parameter_bytes"]
         assert size["client_hwm_bytes"] >= size["client_rss_before_bytes"]
+    tls = per_size["1MB"]["tls_vs_plain"]  # --tiny measures 1 MB with TLS too
+    assert tls["push"] > 0 and tls["pull"] > 0
+
+
+def test_fuzz(tmp_path):
+    figures = run_bench("fuzz", tmp_path)["figures"]
+    assert figures["cases_run"] == 200
+    assert set(figures["codes"]) <= {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION",
+                                     "PERMISSION_DENIED", "DEADLINE_EXCEEDED"}
+    assert figures["calls_in_flight_besides_status"] == 0
+    assert figures["shard_rss_before_bytes"] > 0 and figures["shard_rss_after_bytes"] > 0
 
 
 def test_scaling(tmp_path):

@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from towerps.cluster import cli
-from towerps.cluster.config import MODES, TrainConfig
+from towerps.cluster.config import MODES, TLS_CHOICES, TrainConfig
+from towerps.ps.modes import NONFINITE
 from towerps.errors import ConfigError
 from towerps.ps.modes import SUM_ORDERS, Mode
 from towerps.ps.optimizers import OPTIMIZERS
@@ -26,6 +27,7 @@ def test_cli_choices_agree_with_the_packages_that_own_them():
     assert cli.MODES == MODES
     assert cli.WIRE_DTYPES == tuple(WIRE_DTYPES)
     assert cli.SUM_ORDERS == SUM_ORDERS
+    assert (cli.NONFINITE, cli.TLS_CHOICES) == (NONFINITE, TLS_CHOICES)
 
 
 @pytest.mark.parametrize(

@@ -120,3 +120,67 @@ def test_a_process_that_only_talks_to_shards_does_not_import_tensorflow():
         print(json.dumps(sorted(m for m in ("tensorflow", "keras") if m in sys.modules)))
     """)
     assert loaded == []
+
+
+def test_a_flood_of_empty_chunks_is_refused_before_it_is_built():
+    """4 MiB of 2-byte empty chunks once built 2 million objects (~690 MB)
+    before any check; now parsing stops at the cap."""
+    import tracemalloc
+
+    entries = b"\x0a\x00" * (2 << 20)
+    buf = b"\x12" + _varint_bytes(len(entries)) + entries
+    tracemalloc.start()
+    part = parse_part(buf)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert part.error is not None and "more than 1024 fields" in part.error
+    assert peak < 10 << 20
+
+
+def test_a_varint_inside_tensor_chunks_is_an_error_not_a_type_error():
+    part = parse_part(b"\x12\x02\x08\x01")
+    assert "malformed TensorChunks" in part.error
+
+
+def test_a_tensor_cut_into_too_many_chunks_is_refused_while_reading():
+    header = pb.PushHeader(num_tensors=1)
+    tiny = [pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[64], offset=4 * i, data=b"\0" * 4)
+            for i in range(64)]
+    parts = [parse_part(pb.PushRequest(header=header).SerializeToString())] + [
+        parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[c])).SerializeToString())
+        for c in tiny
+    ]
+    with pytest.raises(BadTensor, match="came in more than 4 chunks"):
+        read_push(parts, {"w": TensorSpec(np.dtype(np.float32), (64,))})
+
+
+def test_a_chunk_after_its_tensor_is_complete_is_refused():
+    header = pb.PushHeader(num_tensors=1)
+    whole = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2], data=b"\0" * 8)
+    again = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2], offset=8, data=b"")
+    parts = [parse_part(pb.PushRequest(header=header).SerializeToString()),
+             parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[whole, again]))
+                        .SerializeToString())]
+    with pytest.raises(BadTensor, match="after the tensor was complete"):
+        read_push(parts, {"w": TensorSpec(np.dtype(np.float32), (2,))})
+
+
+def test_a_corrupt_header_is_bad_tensor():
+    with pytest.raises(BadTensor, match="PushHeader is malformed"):
+        read_push([parse_part(b"\x0a\x02\x08\xff")], {})
+
+
+def test_many_small_tensors_are_written_within_the_parser_caps():
+    tensors = {f"b{i}": np.ones(1, np.float32) for i in range(3000)}
+    messages = list(pull_stream(0, tensors))
+    version, out = read_pull(parse_part(m) for m in messages)
+    assert len(out) == 3000 and len(messages) == 4  # header + 3 messages of <= 1024 chunks
+
+
+def _varint_bytes(value):
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

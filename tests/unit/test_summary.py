@@ -21,6 +21,7 @@ SUMMARY_KEYS = [
     "updates_per_step", "examples", "staleness", "pushes_dropped", "pushes_after_end",
     "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
     "worker_time_s", "run_dir", "config", "test_metrics", "checkpoints",
+    "tls", "token_file", "pushes_nonfinite", "steps_skipped",
 ]
 
 
