@@ -166,7 +166,8 @@ class WorkerJob:
     loss: object = None
 
 
-@ray.remote
+# Two threads: `progress` answers while `run` goes on.
+@ray.remote(max_concurrency=2)
 class WorkerActor:
     """One worker: its data set, its towers (one per device) and its client to every shard."""
 
@@ -212,6 +213,9 @@ class WorkerActor:
 
     def run(self, start_step: int = 0, data_step: int | None = None):
         return self._worker.run(start_step, data_step)
+    def progress(self):
+        """The worker's figures so far (a WorkerReport), or None before setup."""
+        return None if self._worker is None else self._worker.progress()
 
 
 def _data_and_model(spec, job: WorkerJob, inputs):

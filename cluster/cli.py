@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
 import time
 from dataclasses import replace
 
 from towerps import __version__
+from towerps.cluster.interrupts import Interrupted, exit_status
 from towerps.cluster.logs import import_tensorflow, log_to_stderr
 from towerps.errors import TowerpsError
 
@@ -81,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--staleness-lr", action="store_true", help="staleness-aware lr for every async/ssp mode")
     add("--target-accuracy", type=float, default=None,
         help="accuracy for the time-to-target column (default: 95%% of the best final accuracy)")
+
+    watch = commands.add_parser(
+        "status", help="a live table of a run's shards and workers (exit 1 if one is down)")
+    watch.add_argument("run_dir", metavar="RUN_DIR", help="the run's --run-dir")
+    watch.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    watch.add_argument("--interval-s", type=float, default=2.0,
+                       help="seconds between readings (default 2)")
+    watch.add_argument("--token-file", default=None,
+                       help="the job secret, if not the token file cluster.json names")
 
     bench = commands.add_parser(
         "bench", help="run one of the checkout's benchmarks (benchmarks/NAME.py); writes its JSON")
@@ -217,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "status":
+        return _status(args)
     if importlib.util.find_spec("tensorflow") is None:
         print(NO_TENSORFLOW, file=sys.stderr)
         return 2
@@ -278,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as stopped:
+        print(f"towerps: stopped by {signal.Signals(stopped.signum).name} during "
+              f"{stopped.during}; nothing saved", file=sys.stderr)
+        return exit_status(stopped.signum)
+    except KeyboardInterrupt:  # before the run's own handlers were in place
+        print("towerps: interrupted; nothing saved", file=sys.stderr)
+        return exit_status(signal.SIGINT)
     return _report(summary)
 
 
@@ -285,6 +305,10 @@ def _report(summary) -> int:
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in summary.test_metrics.items())
     print(f"test {metrics or 'metrics: none (no validation data)'} after {summary.steps} steps, "
           f"{summary.examples_per_s:,.0f} examples/s; results in {summary.run_dir}")
+    if summary.stopped == "interrupted":
+        print(f"towerps: stopped by {summary.stop_signal} at step {summary.steps}; model and "
+              "summary saved", file=sys.stderr)
+        return exit_status(signal.Signals[summary.stop_signal])
     return 0
 
 
@@ -365,6 +389,22 @@ def _compare(config, args) -> int:
         print("".join(line for line in f if line.startswith("|")), end="")
     print(f"report and plots in {result['run_dir']}")
     return 0
+
+
+def _status(args) -> int:
+    from towerps.cluster.status import status
+
+    if not args.interval_s > 0:
+        print(f"towerps: error: --interval-s must be positive, got {args.interval_s}",
+              file=sys.stderr)
+        return 2
+    try:
+        return status(args.run_dir, args.token_file, args.watch, args.interval_s)
+    except TowerpsError as err:
+        print(f"towerps: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0  # --watch ends with Ctrl-C
 
 
 def _bench(args) -> int:

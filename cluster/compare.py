@@ -79,5 +79,7 @@ def compare(
                      verbose=base.verbose, dashboard=base.dashboard):
         for config in configs:
             summaries.append(train(config, progress))
+            if summaries[-1].stopped == "interrupted":
+                break  # the report covers the modes run so far
     report = write_report(run_dir, summaries, target_accuracy)
     return {**report, "run_dir": run_dir, "summaries": summaries}

@@ -41,12 +41,16 @@ from towerps import __version__
 from towerps.cluster.checkpoints import latest_checkpoint
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.evals import Snapshot, evaluate
+from towerps.cluster.interrupts import StopRequest
 from towerps.cluster.job import Job, Payload, Trained
+from towerps.cluster.metrics import RayMetrics
+from towerps.cluster.observe import Observers, WorkersFile
 from towerps.cluster.placement import fit_to_cluster
 from towerps.cluster.session import ray_session
 from towerps.cluster.summary import (
     CheckpointSummary, Evaluation, RunSummary, Staleness, WorkerTime,
 )
+from towerps.cluster.tensorboard import TensorBoard
 from towerps.cluster.user import UserJob
 from towerps.errors import ConfigError
 from towerps.ps.placement import PlacementPlan, plan_placement
@@ -73,7 +77,21 @@ def train(config: TrainConfig, progress: bool | None = None,
 
 def train_model(config: TrainConfig, progress: bool | None = None,
                 user: UserJob | None = None, resume: bool = False) -> tuple[RunSummary, keras.Model]:
-    """`train`, also returning the driver's model, which holds the final weights."""
+    """`train`, also returning the driver's model, which holds the final weights.
+
+    SIGINT/SIGTERM (on the main thread; cluster/interrupts.py): during
+    start-up, or a second one, raise `Interrupted` after stopping everything;
+    during training, the run ends at the next step and is evaluated and
+    saved, its summary marked "stopped": "interrupted". Off the main thread
+    a KeyboardInterrupt stops everything the same way and propagates.
+    """
+    stop = StopRequest()
+    with stop.handling():
+        return _train(config, progress, user, resume, stop)
+
+
+def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, resume: bool,
+           stop: StopRequest) -> tuple[RunSummary, keras.Model]:
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     resume_version = latest_checkpoint(config, run_dir) if resume else None
     prepared = prepare(config) if user is None else prepare_user(config, user)
@@ -83,19 +101,42 @@ def train_model(config: TrainConfig, progress: bool | None = None,
     t_start = time.time()
     with ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
                      verbose=config.verbose, dashboard=config.dashboard):
+        stop.take_over()  # ray.init installed its own SIGTERM handler
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
         if spare:
             _check_cpus_left_for_ray_data(config)
         plan = prepared.plan_for(config.num_ps)
         with Job.start(config, plan, prepared.payload(), run_dir, resume_version) as job:
             config.save(run_dir)  # what --resume reads
-            trained = job.run(progress)
+            observers = observe(job)
+            try:
+                stop.defer("training")
+                trained = job.run(progress, observers, stop)
+            except BaseException:
+                observers.close()
+                raise
+    # Ray's shutdown puts the process's own SIGTERM action back under
+    # Python's feet (signal.getsignal still names ours): install ours again.
+    stop.take_over()
     evals = evaluate_run(config, prepared, trained)
+    for e in evals:
+        observers.evaluation(e.version, e.test_loss, e.test_accuracy)
+    observers.close()
     summary = summarize(config, prepared, job, trained, evals,
-                        startup_s=trained.train_started_at_s - t_start)
+                        startup_s=trained.train_started_at_s - t_start, stop=stop)
     save(prepared, trained, summary)
     export_checkpoint_model(prepared, job)
     return summary, prepared.model
+
+
+def observe(job: Job) -> Observers:
+    """Who watches the run: TensorBoard event files and workers.json (for
+    `towerps status`) in the run directory, and Ray metrics."""
+    return Observers([
+        TensorBoard(job.run_dir),
+        RayMetrics(run=os.path.basename(os.path.abspath(job.run_dir))),
+        WorkersFile(job.run_dir, job.records),
+    ])
 
 
 def _check_cpus_left_for_ray_data(config: TrainConfig) -> None:
@@ -238,7 +279,7 @@ def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
 
 
 def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Trained,
-              evals: list[Evaluation], startup_s: float) -> RunSummary:
+              evals: list[Evaluation], startup_s: float, stop: StopRequest) -> RunSummary:
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
     reports, mode = watched.reports, config.mode
@@ -305,4 +346,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         token_file=job.security.token_file,
         pushes_nonfinite=sum(c.pushes_nonfinite for c in counters),
         steps_skipped=counters[0].steps_skipped,
+        stopped=("interrupted" if watched.interrupted or stop.requested
+                 else "budget" if watched.ended_early else "steps"),
+        stop_signal=stop.signal_name,
     )

@@ -149,7 +149,7 @@ class Job:
         self.records += records
         self.reservation.record(self.records)  # logs where each landed
 
-    def run(self, progress: bool | None = None) -> Trained:
+    def run(self, progress: bool | None = None, observer=None, stop=None) -> Trained:
         """Run every worker to the end, watching; then pull the final parameters.
 
         Blocks until done. A failing worker raises its TowerpsError at once;
@@ -162,7 +162,8 @@ class Job:
             runs = [w.run.remote(start, data_step) for w, data_step
                     in zip(self.workers, self._data_steps())]
             watched = watch(self.config, runs, self.shards, client, self.run_dir,
-                            t_train, progress, get, start=start)
+                            t_train, progress, get, start=start, workers=self.workers,
+                            observer=observer, stop=stop)
             wall_s = time.time() - t_train
             towers = get([w.towers.remote() for w in self.workers])
             # Every worker is done: nothing changes any more (a budget may

@@ -28,9 +28,11 @@ import ray
 from tqdm import tqdm
 
 from towerps.cluster.evals import Snapshot, Snapshots
+from towerps.cluster.observe import Observer
 from towerps.errors import ClusterError
 
 POLL_S = 0.25  # how often the driver reads the update log while workers run
+REPORT_S = 1.0  # how often it asks the workers for their figures
 
 
 @dataclass
@@ -38,7 +40,8 @@ class WatchResult:
     reports: list  # each worker's WorkerReport, by rank
     metrics: list[dict]  # the records written to metrics.jsonl
     snapshots: list[Snapshot]  # parameters along the way (empty without eval_points)
-    ended_early: bool  # the time budget ended the run before --steps
+    ended_early: bool  # the time budget or a signal ended the run before --steps
+    interrupted: bool = False  # a signal (SIGINT/SIGTERM) asked the run to stop
     versions: list[int] = field(default_factory=list)  # shard 0's updates, in order
     examples: list[int] = field(default_factory=list)  # training examples up to each
 
@@ -67,22 +70,56 @@ class _Window:
         self.histogram[record.staleness] += 1
 
 
+class _WorkerPoll:
+    """Asks every worker for its figures (WorkerActor.progress) about every
+    REPORT_S, never waiting on the answers: they are handed on once all are in."""
+
+    def __init__(self, workers: list):
+        self.workers = workers
+        self.refs: list | None = None
+        self.next_at = time.monotonic()
+
+    def poll(self, version: int, replies: list, observer: Observer) -> None:
+        if self.refs is not None:
+            ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+            if len(ready) < len(self.refs):
+                return
+            try:
+                figures = [f for f in ray.get(self.refs) if f is not None]
+            except ray.exceptions.RayError:
+                figures = []  # a worker died: its `run` reference raises in watch()
+            self.refs = None
+            observer.workers(version, figures)
+            observer.shards(version, replies)
+        if time.monotonic() >= self.next_at:
+            self.refs = [w.progress.remote() for w in self.workers]
+            self.next_at = time.monotonic() + REPORT_S
+
+
 def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
-          progress: bool | None, get: Callable[[list], list], start: int = 0) -> WatchResult:
-    """Wait for every worker's run (`runs`: their `run` calls' ObjectRefs),
-    logging the shards' updates as they apply.
+          progress: bool | None, get: Callable[[list], list], start: int = 0,
+          workers: list = (), observer: Observer | None = None, stop=None) -> WatchResult:
+    """Wait for every worker's run (`runs`: their `run` calls' ObjectRefs, by
+    rank), logging the shards' updates as they apply.
 
     `get` is ray.get that re-raises towerps errors. A failing worker raises
     here at once; the caller stops the rest. Blocks until every worker is done.
     `start` > 0 (resumed from a checkpoint of that version): metrics.jsonl
-    keeps its records up to `start` and goes on after them.
+    keeps its records up to `start` and goes on after them. `workers`: the
+    WorkerActors, asked for their figures.
+    `observer` (TensorBoard, metrics, the status file) sees each metrics
+    record, and the workers' and shards' figures about every REPORT_S.
+    `stop` (a StopRequest): once it is requested, the shards end the run at
+    their next version, as a spent time budget does.
     """
+    observer = observer or Observer()
+    polls = _WorkerPoll(workers)
     mode = config.mode
     target = config.end_version
     per_log = config.log_every * mode.updates_per_step(config.num_workers)
     result = WatchResult([], [], [], False)
     snapshots = Snapshots(config.eval_points) if config.eval_points else None
-    pending = set(runs)
+    pending = {ref: rank for rank, ref in enumerate(runs)}
     done: dict = {}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     kept = _records_up_to(metrics_path, start) if start else []
@@ -113,16 +150,21 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             }
             result.metrics.append(entry)
             metrics.write(json.dumps(entry) + "\n")
+            observer.record(entry)
             bar.set_postfix(loss=f"{entry['loss']:.4f}", ex_per_s=f"{entry['examples_per_s']:,.0f}")
             window = _Window(record.applied_at_s)
 
-        last, budget_spent = None, False
+        last, ending = None, False
         while True:
             if pending:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
                 for ref in ready:
-                    done[ref] = get([ref])[0]
-                    pending.discard(ref)
+                    try:
+                        done[ref] = get([ref])[0]
+                    except BaseException:
+                        observer.lost(pending[ref])
+                        raise
+                    del pending[ref]
             replies = client.status(since_version=seen)
             for record in replies[0].steps:
                 seen, last = record.version, record
@@ -135,10 +177,13 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                     log(record, replies[0].pushes_dropped)
             if not pending:
                 break
+            polls.poll(seen, replies, observer)
             now = time.time() - t_train
-            if config.budget_s is not None and not budget_spent and now >= config.budget_s:
+            spent = config.budget_s is not None and now >= config.budget_s
+            interrupted = stop is not None and stop.requested
+            if (spent or interrupted) and not ending:
                 # End at the next version: a sync step under way completes.
-                budget_spent = True
+                ending, result.interrupted = True, interrupted
                 end = max(r.version for r in replies) + 1
                 target = min(target, get([s.end_at.remote(end) for s in shards])[0])
                 result.ended_early = target < config.end_version
@@ -152,6 +197,8 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             f"every worker finished but the shards reached only version {seen} of {target}"
         )
     result.reports = sorted(done.values(), key=lambda r: r.rank)
+    observer.workers(seen, result.reports)
+    observer.shards(seen, replies)
     result.snapshots = snapshots.items if snapshots is not None else []
     return result
 

@@ -24,10 +24,12 @@ out as a wheel installs them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -38,6 +40,7 @@ from pathlib import Path
 import ray
 
 import towerps
+from towerps.cluster.interrupts import Interrupted
 from towerps.cluster.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
 
@@ -77,19 +80,79 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # fits; each one is mostly waiting on the others in sync training.
         # address="local" always starts a new instance: a plain ray.init()
         # would join the latest cluster `ray start` left on this machine.
-        context = ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
-            include_dashboard=dashboard,
-            runtime_env=runtime_env,
-            logging_level=ray_logging_level(verbose),
-        )
+        try:
+            context = ray.init(
+                address="local",
+                num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
+                include_dashboard=dashboard,
+                runtime_env=runtime_env,
+                logging_level=ray_logging_level(verbose),
+            )
+        except SystemExit as err:
+            # ray.init's own SIGTERM handler exits with the signal's number.
+            stop_local_ray()
+            if err.code == signal.SIGTERM:
+                raise Interrupted(signal.SIGTERM, "start-up") from None
+            raise
+        except BaseException:
+            stop_local_ray()  # interrupted mid-way: Ray may not know all it started
+            raise
         if dashboard:
             log.info("Ray dashboard at http://%s", context.dashboard_url)
     try:
         yield
     finally:
-        ray.shutdown()
+        if address:
+            ray.shutdown()
+        else:
+            stop_local_ray()
+
+
+def stop_local_ray(grace_s: float = 10.0) -> None:
+    """ray.shutdown(), then end every Ray process this one started that is still
+    there after `grace_s` (an interrupted ray.init leaves some that no node object
+    knows of; actor processes outlive their raylet for a while)."""
+    started = _ray_descendants(os.getpid())
+    ray.shutdown()
+    deadline = time.monotonic() + grace_s
+    while started and time.monotonic() < deadline:
+        started = [pid for pid in started if _alive(pid)]
+        time.sleep(0.1)
+    for pid in started:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _ray_descendants(root: int) -> list[int]:
+    """PIDs of the Ray processes below `root` (children, grandchildren...), from /proc."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                commands[int(entry)] = f.read().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return [pid for pid in found if "ray" in commands.get(pid, "")]
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is still running (a zombie that awaits its parent is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def joined_cluster(asked: str) -> str:

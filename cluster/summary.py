@@ -170,6 +170,10 @@ class RunSummary(Mapping):
     token_file: str | None = None  # where the job secret is (0600); never the secret
     pushes_nonfinite: int = 0  # summed over shards: refused for a NaN/inf gradient or loss
     steps_skipped: int = 0  # shard 0: versions made without an update (--nonfinite skip-step)
+    # Why training ended: "steps" (--steps done), "budget" (--budget-s spent), or
+    # "interrupted" (SIGINT/SIGTERM: the shards ended at their next version).
+    stopped: str = "steps"
+    stop_signal: str | None = None  # "SIGINT" or "SIGTERM" when interrupted
 
     # -- summary.json -----------------------------------------------------
 
@@ -187,6 +191,7 @@ class RunSummary(Mapping):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
         """From summary.json's content; keys this version does not know are ignored."""
+        # Fields added later have defaults: older summaries load without them.
         values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         values["staleness"] = Staleness(**values["staleness"])
         values["evals"] = [Evaluation(**e) for e in values["evals"]]

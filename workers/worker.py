@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -94,6 +94,9 @@ class WorkerReport:
     nonfinite_steps: int = 0  # steps whose gradient held NaN/inf (skip-step: skipped)
     bytes_sent: int = 0  # tensor payload pushed to the shards
     bytes_received: int = 0  # tensor payload pulled from the shards
+    examples: int = 0  # training examples behind the pushed gradients
+    version: int = -1  # the shard version this worker last pulled
+    at_s: float = 0.0  # time.time() when these figures were read
     losses: list[float] = field(default_factory=list)
     recoveries: int = 0  # times this worker went on from a recovery's version
 
@@ -106,6 +109,7 @@ class Worker:
         self.client = client
         self.redirects = Redirects()
         self._client_lock = threading.Lock()
+        self.report = WorkerReport(rank=spec.rank)  # updated as run() goes
 
     def redirect(self, target: Redirect, client: PSClient) -> None:
         """Train on with `client` (to the shards of `target`) from `target.version`.
@@ -118,6 +122,12 @@ class Worker:
             old, self.client = self.client, client
         self.redirects.publish(target)
         old.close()
+
+    def progress(self) -> WorkerReport:
+        """A copy of the figures so far (without the losses), safe to call from
+        another thread while run() goes on: each field is read once."""
+        return replace(self.report, losses=[], bytes_sent=self.client.bytes_sent,
+                       bytes_received=self.client.bytes_received, at_s=time.time())
 
     def run(self, start_step: int = 0, data_step: int | None = None) -> WorkerReport:
         """Train from version `start_step` until the run's end; blocks until done.
@@ -133,7 +143,7 @@ class Worker:
         ...) as they come: a dead peer stops this worker with a message
         naming the peer.
         """
-        spec, report = self.spec, WorkerReport(rank=self.spec.rank)
+        spec, report = self.spec, self.report
         wanted = start_step
         own_step = start_step if data_step is None else data_step
         while wanted < spec.final_version:
@@ -159,6 +169,7 @@ class Worker:
                 wanted, own_step = version + 1, own_step + 1
         report.bytes_sent = self.client.bytes_sent
         report.bytes_received = self.client.bytes_received
+        report.at_s = time.time()
         return report
 
     def _step(self, wanted: int, own_step: int, report: WorkerReport) -> int | None:
@@ -187,6 +198,8 @@ class Worker:
         report.compute_s += t2 - t1
         report.push_s += t3 - t2
         report.steps += 1
+        report.examples += num_examples(x)
+        report.version = version
         report.pushes_dropped += PushOutcome.DROPPED in outcomes
         report.losses.append(loss)
         return version

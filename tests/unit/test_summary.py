@@ -21,7 +21,7 @@ SUMMARY_KEYS = [
     "updates_per_step", "examples", "staleness", "pushes_dropped", "pushes_after_end",
     "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
     "worker_time_s", "run_dir", "config", "test_metrics", "checkpoints",
-    "tls", "token_file", "pushes_nonfinite", "steps_skipped",
+    "tls", "token_file", "pushes_nonfinite", "steps_skipped", "stopped", "stop_signal",
 ]
 
 
@@ -83,3 +83,10 @@ def test_mapping_access_answers_summary_json_values_as_the_old_dict_did():
 def test_staleness_of_an_empty_histogram_is_zero():
     assert Staleness.of([]) == Staleness(mean=0.0, max=0, histogram=[])
     assert Staleness.of([0, 2, 2]).mean == 1.5
+
+
+def test_a_summary_written_before_stopped_existed_still_loads(tmp_path):
+    data = make_summary().to_dict()
+    del data["stopped"], data["stop_signal"]
+    loaded = RunSummary.from_dict(data)
+    assert (loaded.stopped, loaded.stop_signal) == ("steps", None)

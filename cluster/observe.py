@@ -1,0 +1,133 @@
+"""Who watches a run: TensorBoard, Ray metrics, the status file, all fed by the driver.
+
+    observers = Observers([TensorBoard(run_dir), RayMetrics(), WorkersFile(run_dir, records)])
+    observers.record(entry)               # each metrics.jsonl record
+    observers.workers(version, figures)   # every worker's figures, about once a second
+    observers.shards(version, counters)   # every shard's StatusReply, with the workers'
+    observers.evaluation(version, loss, accuracy)
+    observers.close()
+
+The workers' figures (step, examples, where the time went, bytes) travel by
+the path the driver already has: it asks each WorkerActor for `progress()`
+(a threaded actor answers while `run` goes on) and hands the answers on.
+`towerps status` reads them from `workers.json` in the run directory, which
+the driver rewrites atomically with each report; the shards it asks itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+WORKERS_FILE = "workers.json"
+
+
+class Observer:
+    """Does nothing; subclasses override what they watch. Calls come from the
+    driver's thread, in order; none may block for long."""
+
+    def record(self, entry: dict) -> None:
+        pass
+
+    def workers(self, version: int, figures: list) -> None:
+        """`figures`: each worker's WorkerReport, read while it runs (progress())."""
+
+    def shards(self, version: int, counters: list) -> None:
+        pass
+
+    def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
+        pass
+
+    def lost(self, rank: int) -> None:
+        """Worker `rank` failed or its process died."""
+
+    def close(self) -> None:
+        pass
+
+
+class Observers(Observer):
+    """Hands every call to each of `observers`, in order."""
+
+    def __init__(self, observers: list[Observer]):
+        self.observers = list(observers)
+
+    def record(self, entry):
+        for o in self.observers:
+            o.record(entry)
+
+    def workers(self, version, figures):
+        for o in self.observers:
+            o.workers(version, figures)
+
+    def shards(self, version, counters):
+        for o in self.observers:
+            o.shards(version, counters)
+
+    def evaluation(self, version, test_loss, test_accuracy):
+        for o in self.observers:
+            o.evaluation(version, test_loss, test_accuracy)
+
+    def lost(self, rank):
+        for o in self.observers:
+            o.lost(rank)
+
+    def close(self):
+        for o in self.observers:
+            o.close()
+
+
+class WorkersFile(Observer):
+    """`workers.json` in the run directory: each worker's latest figures and
+    where it runs, for `towerps status`. Rewritten atomically (rename)."""
+
+    def __init__(self, run_dir: str, placement: list[dict]):
+        self.path = os.path.join(run_dir, WORKERS_FILE)
+        self._where = {r["index"]: r for r in placement if r["role"] == "worker"}
+        self._rows: dict[int, dict] = {}
+        self._version = 0
+        self._write(finished=False)
+
+    def workers(self, version: int, figures: list) -> None:
+        self._version = version
+        for f in figures:
+            where, before = self._where.get(f.rank, {}), self._rows.get(f.rank, {})
+            elapsed = f.at_s - before.get("at_s", f.at_s)
+            rate = (f.examples - before["examples"]) / elapsed if elapsed > 0 else \
+                before.get("examples_per_s", 0.0)
+            self._rows[f.rank] = {
+                "rank": f.rank, "node_ip": where.get("node_ip"), "pid": where.get("pid"),
+                "devices": where.get("devices"), "alive": True, "steps": f.steps,
+                "examples": f.examples, "version": f.version, "pull_s": f.pull_s,
+                "compute_s": f.compute_s, "push_s": f.push_s, "bytes_sent": f.bytes_sent,
+                "bytes_received": f.bytes_received, "pushes_dropped": f.pushes_dropped,
+                "at_s": f.at_s, "examples_per_s": rate,
+            }
+        self._write(finished=False)
+
+    def lost(self, rank: int) -> None:
+        """Worker `rank` no longer answers (its process died)."""
+        self._rows.setdefault(rank, {"rank": rank})["alive"] = False
+        self._write(finished=False)
+
+    def close(self) -> None:
+        self._write(finished=True)
+
+    def _write(self, finished: bool) -> None:
+        state = {"updated_at_s": time.time(), "finished": finished, "version": self._version,
+                 "workers": [self._rows[r] for r in sorted(self._rows)]}
+        folder = os.path.dirname(self.path) or "."
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=WORKERS_FILE + ".", suffix=".part")
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, self.path)
+
+
+def read_workers_file(run_dir: str) -> dict | None:
+    """What the driver last wrote to workers.json, or None if there is none."""
+    try:
+        with open(os.path.join(run_dir, WORKERS_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,85 @@
+"""TensorBoard event files, written by the driver into the run directory.
+
+    tensorboard --logdir runs/fm        # one run; `compare` writes one folder per mode
+
+The x axis of every plot is the shards' version (the training step). Written:
+
+    train/loss, train/examples_per_s       every metrics.jsonl record
+    wire/bytes_per_step                    the bytes one step moves (pulls and pushes)
+    staleness/mean, staleness/max,         of the updates since the previous record
+    staleness (histogram)
+    pushes/dropped                         late pushes shard 0 dropped so far
+    workers/<rank>/{pull,compute,push}_ms  where each worker's steps went, per step,
+                                           since the previous report (pull includes
+                                           waiting for the step; push, ssp's gate)
+    workers/<rank>/examples_per_s, workers/<rank>/wire_mb
+    shards/<k>/pushes_applied, pushes_dropped, pushes_rejected, pushes_duplicate
+    test/accuracy, test/loss               at each evaluation (the end, and
+                                           --eval-points along the way)
+
+TensorFlow's own summary writer is used (the driver has TensorFlow loaded for
+the model); it writes from a background thread, so a call costs microseconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from towerps.cluster.observe import Observer
+
+
+class TensorBoard(Observer):
+    """An Observer that writes what it sees as TensorBoard summaries under `log_dir`."""
+
+    def __init__(self, log_dir: str):
+        self._writer = tf.summary.create_file_writer(log_dir)
+        self._last: dict = {}  # each worker's previous report
+
+    def record(self, entry: dict) -> None:
+        step = entry["step"]
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("train/loss", entry["loss"])
+            tf.summary.scalar("train/examples_per_s", entry["examples_per_s"])
+            tf.summary.scalar("wire/bytes_per_step", entry["wire_bytes_per_step"])
+            tf.summary.scalar("staleness/mean", entry["staleness_mean"])
+            tf.summary.scalar("staleness/max", entry["staleness_max"])
+            tf.summary.scalar("pushes/dropped", entry["pushes_dropped"])
+            histogram = entry["staleness_histogram"]
+            if sum(histogram):
+                values = np.repeat(np.arange(len(histogram)), histogram).astype(np.float64)
+                tf.summary.histogram("staleness", values, buckets=max(len(histogram), 1))
+
+    def workers(self, version: int, figures: list) -> None:
+        with self._writer.as_default(step=version):
+            for now in figures:
+                before = self._last.get(now.rank)
+                self._last[now.rank] = now
+                if before is None or now.steps <= before.steps:
+                    continue
+                steps, tag = now.steps - before.steps, f"workers/{now.rank}"
+                for part in ("pull", "compute", "push"):
+                    spent = getattr(now, f"{part}_s") - getattr(before, f"{part}_s")
+                    tf.summary.scalar(f"{tag}/{part}_ms", 1e3 * spent / steps)
+                elapsed = now.at_s - before.at_s
+                if elapsed > 0:
+                    tf.summary.scalar(f"{tag}/examples_per_s",
+                                      (now.examples - before.examples) / elapsed)
+                tf.summary.scalar(f"{tag}/wire_mb",
+                                  (now.bytes_sent + now.bytes_received) / 1e6)
+
+    def shards(self, version: int, counters: list) -> None:
+        with self._writer.as_default(step=version):
+            for c in counters:
+                for name in ("pushes_applied", "pushes_dropped", "pushes_rejected",
+                             "pushes_duplicate"):
+                    tf.summary.scalar(f"shards/{c.shard_index}/{name}", getattr(c, name))
+
+    def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
+        with self._writer.as_default(step=version):
+            tf.summary.scalar("test/accuracy", test_accuracy)
+            tf.summary.scalar("test/loss", test_loss)
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()

@@ -1,0 +1,46 @@
+"""`towerps` as a user runs it, with a test's hold inside evaluation.
+
+    python tests/ray/stop_harness.py MARKER_DIR train --dataset synthetic ...
+
+Runs the CLI unchanged, except that evaluation first creates
+MARKER_DIR/evaluating, waits until the run's signal handler has handled a
+signal (then creates MARKER_DIR/handled), and then until the test creates
+MARKER_DIR/go; each wait ends after HOLD_S. So a test knows its signals land
+while the driver evaluates, one after the other.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import towerps.cluster.driver as driver
+from towerps.cluster import cli
+
+HOLD_S = 120.0
+
+
+def wait_until(condition) -> None:
+    deadline = time.monotonic() + HOLD_S
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def main() -> int:
+    markers, argv = sys.argv[1], sys.argv[2:]
+    evaluate_run = driver.evaluate_run
+
+    def held(*args, **kwargs):
+        open(os.path.join(markers, "evaluating"), "w").close()
+        handler = signal.getsignal(signal.SIGINT)  # the run's StopRequest
+        wait_until(lambda: getattr(handler, "requested", False))
+        open(os.path.join(markers, "handled"), "w").close()
+        wait_until(lambda: os.path.exists(os.path.join(markers, "go")))
+        return evaluate_run(*args, **kwargs)
+
+    driver.evaluate_run = held
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

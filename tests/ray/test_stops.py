@@ -1,0 +1,144 @@
+"""SIGINT and SIGTERM sent to a real `towerps train` process: at start-up,
+mid-training and during evaluation. Each time: the exit status, the files in
+the run directory, and that no process of the run is left (found by PID)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+HARNESS = Path(__file__).with_name("stop_harness.py")
+WAIT_S = 300.0  # start-up on 2 busy cores takes tens of seconds
+GONE_S = 60.0
+TRAIN = ["train", "--dataset", "synthetic", "--num-workers", "2", "--num-ps", "2",
+         "--batch-size", "32", "--log-every", "1"]
+
+
+def start(tmp_path, *flags, env=None) -> subprocess.Popen:
+    markers = tmp_path / "markers"
+    markers.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, str(HARNESS), str(markers), *TRAIN, *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen) -> None:
+    """Poll `condition` until true; fail if the process ends or WAIT_S passes."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"towerps exited {proc.returncode} before {what}: {proc.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {what} within {WAIT_S:.0f} s")
+        time.sleep(0.1)
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below `root` now (children, grandchildren, ...), from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text()
+                                          .rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def finish(proc: subprocess.Popen, pids: set[int]) -> tuple[int, str]:
+    """Wait for towerps to exit, then for every process of its run to be gone."""
+    _, err = proc.communicate(timeout=WAIT_S)
+    deadline = time.monotonic() + GONE_S
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if running(p)], "processes of the run outlived it"
+    assert "Traceback" not in err, err
+    return proc.returncode, err
+
+
+def test_sigint_mid_training_saves_the_shards_last_version(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = start(tmp_path, "--steps", "100000", "--run-dir", "~/runs/int", env={"HOME": str(home)})
+    run_dir = home / "runs" / "int"  # `~` expanded by towerps itself
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, "training", proc)
+    pids = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    code, err = finish(proc, pids)
+    assert code == 130, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["stopped"], summary["stop_signal"]) == ("interrupted", "SIGINT")
+    assert 2 <= summary["steps"] < 100000 and summary["ended_early"]
+    assert (run_dir / "model.keras").is_file()
+    assert {p["pid"] for p in summary["placement"]} <= pids
+    assert "stopped by SIGINT at step" in err
+
+
+def test_sigterm_at_start_up_stops_everything_and_saves_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, "--steps", "50", "--run-dir", str(run_dir))
+    # Ray is starting: the driver has started its first Ray process.
+    wait_for(lambda: descendants(proc.pid), "Ray's first process", proc)
+    pids = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc, pids | descendants(proc.pid))
+    assert code == 143, err
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "model.keras").exists()
+    assert "stopped by SIGTERM during start-up; nothing saved" in err
+
+
+def test_sigterm_during_evaluation_saves_a_run_marked_interrupted(tmp_path):
+    run_dir, markers = tmp_path / "run", tmp_path / "markers"
+    proc = start(tmp_path, "--steps", "4", "--run-dir", str(run_dir))
+    wait_for((markers / "evaluating").exists, "evaluation", proc)
+    pids = descendants(proc.pid) | {pid for pid in _placement_pids(run_dir)}
+    proc.send_signal(signal.SIGTERM)
+    wait_for((markers / "handled").exists, "the signal handled", proc)
+    (markers / "go").touch()
+    code, err = finish(proc, pids)
+    assert code == 143, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["stopped"], summary["stop_signal"], summary["steps"]) == \
+        ("interrupted", "SIGTERM", 4)  # training had ended: every step is in
+    assert (run_dir / "model.keras").is_file()
+
+
+def test_a_second_sigint_skips_saving(tmp_path):
+    run_dir, markers = tmp_path / "run", tmp_path / "markers"
+    proc = start(tmp_path, "--steps", "4", "--run-dir", str(run_dir))
+    wait_for((markers / "evaluating").exists, "evaluation", proc)
+    pids = descendants(proc.pid) | {pid for pid in _placement_pids(run_dir)}
+    proc.send_signal(signal.SIGINT)
+    wait_for((markers / "handled").exists, "the first signal handled", proc)
+    proc.send_signal(signal.SIGINT)
+    code, err = finish(proc, pids)
+    assert code == 130, err
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "model.keras").exists()
+    assert "stopped by SIGINT during shutdown; nothing saved" in err
+
+
+def _placement_pids(run_dir: Path) -> list[int]:
+    """The actors' PIDs, from workers.json (written once they were placed)."""
+    state = json.loads((run_dir / "workers.json").read_text())
+    return [w["pid"] for w in state["workers"]]

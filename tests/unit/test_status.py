@@ -1,0 +1,64 @@
+"""The status table and the workers' file it reads, without a live run."""
+
+import json
+
+import pytest
+
+from towerps.cluster.observe import WorkersFile, read_workers_file
+from towerps.cluster.status import SILENT_S, ShardState, read_cluster, render
+from towerps.errors import ConfigError
+from towerps.workers.worker import WorkerReport
+
+pytestmark = pytest.mark.unit
+
+PLACEMENT = [{"role": "worker", "index": r, "node_ip": "127.0.0.1", "pid": 100 + r,
+              "devices": ["/CPU:0"]} for r in (0, 1)]
+
+
+def report(rank, steps, at_s):
+    return WorkerReport(rank=rank, steps=steps, pull_s=0.1 * steps, compute_s=0.2 * steps,
+                        push_s=0.05 * steps, examples=16 * steps, version=steps, at_s=at_s,
+                        bytes_sent=1000 * steps, bytes_received=1000 * steps)
+
+
+def test_the_workers_file_holds_the_latest_figures_and_rates(tmp_path):
+    figures = WorkersFile(str(tmp_path), PLACEMENT)
+    assert read_workers_file(str(tmp_path))["workers"] == []
+    figures.workers(10, [report(0, 10, 100.0), report(1, 9, 100.0)])
+    figures.workers(20, [report(0, 20, 102.0), report(1, 19, 102.0)])
+    state = read_workers_file(str(tmp_path))
+    assert state["version"] == 20 and not state["finished"]
+    zero = state["workers"][0]
+    assert (zero["steps"], zero["pid"], zero["devices"]) == (20, 100, ["/CPU:0"])
+    assert zero["examples_per_s"] == pytest.approx(16 * 10 / 2.0)
+    figures.lost(1)
+    figures.close()
+    state = read_workers_file(str(tmp_path))
+    assert state["finished"] and [w["alive"] for w in state["workers"]] == [True, False]
+
+
+def test_the_table_says_who_is_down(tmp_path):
+    figures = WorkersFile(str(tmp_path), PLACEMENT)
+    figures.workers(10, [report(0, 10, 100.0), report(1, 10, 100.0)])
+    workers = read_workers_file(str(tmp_path))
+    now = workers["updated_at_s"]
+    up = [ShardState(0, "127.0.0.1:1", True, version=10, pushes_applied=20, at_s=now),
+          ShardState(1, "127.0.0.1:2", True, version=10, pushes_applied=20, at_s=now)]
+    before = [ShardState(k, s.address, True, pushes_applied=10, at_s=now - 2) for k, s in enumerate(up)]
+    table, healthy = render("runs/x", up, workers, before, now)
+    assert healthy and "5.0" in table  # (20 - 10) pushes in 2 s
+    assert table.count(" alive ") == 2 and "/CPU:0" in table
+
+    down = [up[0], ShardState(1, "127.0.0.1:2", False, error="UNAVAILABLE", at_s=now)]
+    table, healthy = render("runs/x", down, workers, None, now)
+    assert not healthy and "down (UNAVAILABLE)" in table
+
+    table, healthy = render("runs/x", up, workers, None, now + SILENT_S + 1)
+    assert not healthy and table.count(" silent ") == 2 and "driver is not running" in table
+
+
+def test_a_run_directory_without_cluster_json_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="not a towerps run directory"):
+        read_cluster(str(tmp_path))
+    (tmp_path / "cluster.json").write_text(json.dumps({"shards": []}))
+    assert read_cluster(str(tmp_path)) == {"shards": []}
