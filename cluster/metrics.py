@@ -74,6 +74,6 @@ class RayMetrics(Observer):
         for c in counters:
             self.applied.set(c.pushes_applied, {**self._tags, "shard": str(c.shard_index)})
 
-    def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
-        if ray.is_initialized():
+    def evaluation(self, version: int, test_loss: float, test_accuracy: float | None) -> None:
+        if ray.is_initialized() and test_accuracy is not None:
             self.accuracy.set(test_accuracy, self._tags)

@@ -75,9 +75,10 @@ class TensorBoard(Observer):
                              "pushes_duplicate"):
                     tf.summary.scalar(f"shards/{c.shard_index}/{name}", getattr(c, name))
 
-    def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
+    def evaluation(self, version: int, test_loss: float, test_accuracy: float | None) -> None:
         with self._writer.as_default(step=version):
-            tf.summary.scalar("test/accuracy", test_accuracy)
+            if test_accuracy is not None:  # None: the model compiles no accuracy metric
+                tf.summary.scalar("test/accuracy", test_accuracy)
             tf.summary.scalar("test/loss", test_loss)
 
     def close(self) -> None:
