@@ -23,7 +23,7 @@ the slowest worker to come within the staleness bound. PullRequest does not
 name its worker, so the gate sits on the push that precedes the next pull.
 A DUPLICATE or ALREADY_APPLIED push changed nothing and answers at once.
 
-Push and Pull carry their tensors through towerps/codec.py (bytes written
+Push and Pull carry their tensors through src/towerps/codec.py (bytes written
 and parsed by hand, the same bytes the generated classes would make), so
 `create_server` registers the methods itself instead of calling the
 generated `add_ParameterServerServicer_to_server`. In sync mode with more

@@ -96,7 +96,7 @@ class PSClient:
                 for a in addresses
             ]
         self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
-        # Push and Pull through towerps/codec.py: a pushed message is already
+        # Push and Pull through src/towerps/codec.py: a pushed message is already
         # bytes (no serializer), a pulled one is parsed without copying.
         self._push_calls = [
             c.stream_unary(_SERVICE + "Push", response_deserializer=pb.PushReply.FromString)

@@ -4,7 +4,7 @@ Both ends use this module: a worker sends gradients and receives
 parameters, a shard does the opposite. Bytes are raw little-endian in the
 tensor's dtype; a tensor is cut into chunks of at most CHUNK_BYTES so that no
 gRPC message approaches MAX_MESSAGE_BYTES, whatever the tensor size.
-Writing and parsing the messages themselves is `towerps/codec.py`.
+Writing and parsing the messages themselves is `src/towerps/codec.py`.
 
 Copies: the receiver writes each chunk once into a preallocated buffer
 that becomes the array.
