@@ -213,17 +213,9 @@ class Shard:
         """
         with self._lock:
             self._refuse_bad(self._check_push, worker_rank, step, grads, num_examples, loss)
-            if step <= self._last_step[worker_rank]:
-                # A retry whose answer was lost: in the buffer, or long applied/dropped.
-                self._stats.pushes_duplicate += 1
-                outcome = (PushOutcome.DUPLICATE if step == self._version
-                           else PushOutcome.ALREADY_APPLIED)
-                return PushResult(outcome, self._version)
-            self._last_step[worker_rank] = step
-            if self._version >= self._end:
-                self._stats.pushes_after_end += 1
-                return PushResult(PushOutcome.DROPPED, self._version)
-            self._clocks[worker_rank] += 1
+            answered = self._admit(worker_rank, step)
+            if answered is not None:
+                return answered
             if self.mode.aggregates:
                 return self._gather(worker_rank, step, grads, num_examples, loss)
             staleness = self._version - step
@@ -242,16 +234,9 @@ class Shard:
         """
         with self._lock:
             self._refuse_bad(self._check_skip, worker_rank, step)
-            if step <= self._last_step[worker_rank]:
-                self._stats.pushes_duplicate += 1
-                outcome = (PushOutcome.DUPLICATE if step == self._version
-                           else PushOutcome.ALREADY_APPLIED)
-                return PushResult(outcome, self._version)
-            self._last_step[worker_rank] = step
-            if self._version >= self._end:
-                self._stats.pushes_after_end += 1
-                return PushResult(PushOutcome.DROPPED, self._version)
-            self._clocks[worker_rank] += 1
+            answered = self._admit(worker_rank, step)
+            if answered is not None:
+                return answered
             if not self.mode.aggregates:
                 self._advance_without_update(self._version - step)
                 return PushResult(PushOutcome.APPLIED, self._version)
@@ -260,6 +245,26 @@ class Shard:
                 return PushResult(PushOutcome.DROPPED, self._version)
             self._skipping.add(worker_rank)
             return self._complete_if_quorum()
+
+    def _admit(self, worker_rank: int, step: int) -> PushResult | None:
+        """Exactly once and the end of the run, for a push or a skip alike.
+
+        Returns the answer for a repeat of (worker_rank, step) (a retry whose
+        answer was lost: still in the buffer, or long applied or dropped) or
+        for one that arrives after the run's end; None: the caller takes it,
+        and it counts on the worker's clock. Caller holds the lock.
+        """
+        if step <= self._last_step[worker_rank]:
+            self._stats.pushes_duplicate += 1
+            outcome = (PushOutcome.DUPLICATE if step == self._version
+                       else PushOutcome.ALREADY_APPLIED)
+            return PushResult(outcome, self._version)
+        self._last_step[worker_rank] = step
+        if self._version >= self._end:
+            self._stats.pushes_after_end += 1
+            return PushResult(PushOutcome.DROPPED, self._version)
+        self._clocks[worker_rank] += 1
+        return None
 
     def _refuse_bad(self, check, *args) -> None:
         """Run `check`; count a refusal (BadRequest, StepMismatch) and re-raise it."""
