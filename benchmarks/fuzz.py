@@ -140,7 +140,7 @@ def strategies():
     import numpy as np
     from hypothesis import strategies as st
 
-    from towerps.codec import push_stream
+    from towerps.codec import push_stream, varint
     from towerps.proto import towerps_pb2 as pb
 
     def int_of(bits):
@@ -177,7 +177,7 @@ def strategies():
     mangled = st.tuples(valid, st.integers(0, 10), st.integers(0, 2**16), st.integers(0, 255)).map(
         _mangle)
     oversized = st.integers(1, 4).map(lambda n: [valid_push((0.0, 0.0))[0],
-                                                 b"\x12" + _varint(n << 20) + b"\x0a" * (n << 20)])
+                                                 b"\x12" + varint(n << 20) + b"\x0a" * (n << 20)])
     push = st.one_of(st.lists(message, max_size=5), valid, mangled, oversized,
                      st.tuples(header_message, st.lists(chunks_message, max_size=3))
                      .map(lambda t: [t[0], *t[1]]))
@@ -204,15 +204,6 @@ def _mangle(args):
         data[position % len(data)] = value
     messages[k] = bytes(data)
     return messages
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def run_case(shard: ShardProcess, case) -> str:

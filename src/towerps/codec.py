@@ -72,7 +72,7 @@ class Part(NamedTuple):
 
 # -- writing ----------------------------------------------------------------
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     """Protobuf base-128 varint; negative int64 values as their 64-bit pattern."""
     value &= 0xFFFF_FFFF_FFFF_FFFF
     out = bytearray()
@@ -84,20 +84,20 @@ def _varint(value: int) -> bytes:
 
 
 def _key(field: int, wire_type: int) -> bytes:
-    return _varint(field << 3 | wire_type)
+    return varint(field << 3 | wire_type)
 
 
 def _chunk_prefix(name: bytes, code: int, shape: tuple[int, ...], offset: int, nbytes: int) -> bytes:
     """TensorChunk fields 1-4 and the key and length of field 5 (`data`)."""
-    fields = [_key(1, _LEN), _varint(len(name)), name]
+    fields = [_key(1, _LEN), varint(len(name)), name]
     if code:
-        fields += [_key(2, _VARINT), _varint(code)]
+        fields += [_key(2, _VARINT), varint(code)]
     if shape:
-        packed = b"".join(_varint(d) for d in shape)
-        fields += [_key(3, _LEN), _varint(len(packed)), packed]
+        packed = b"".join(varint(d) for d in shape)
+        fields += [_key(3, _LEN), varint(len(packed)), packed]
     if offset:
-        fields += [_key(4, _VARINT), _varint(offset)]
-    fields += [_key(5, _LEN), _varint(nbytes)]
+        fields += [_key(4, _VARINT), varint(offset)]
+    fields += [_key(5, _LEN), varint(nbytes)]
     return b"".join(fields)
 
 
@@ -129,13 +129,13 @@ def _chunk_messages(tensors, wire_dtype, chunk_bytes=CHUNK_BYTES) -> Iterator[by
 
     def message() -> bytes:
         body_len = sum(len(e) for e in entries)
-        return b"".join([_key(_CHUNKS, _LEN), _varint(body_len), *entries])
+        return b"".join([_key(_CHUNKS, _LEN), varint(body_len), *entries])
 
     for prefix, data in _pieces(tensors, chunk_bytes, wire_dtype):
         if entries and (size + len(data) > chunk_bytes or len(entries) >= 4 * MAX_CHUNKS):
             yield message()
             entries, size = [], 0
-        entries += [_key(1, _LEN), _varint(len(prefix) + len(data)), prefix, data]
+        entries += [_key(1, _LEN), varint(len(prefix) + len(data)), prefix, data]
         size += len(data)
     if entries:
         yield message()
@@ -143,7 +143,7 @@ def _chunk_messages(tensors, wire_dtype, chunk_bytes=CHUNK_BYTES) -> Iterator[by
 
 def _header_message(header) -> bytes:
     body = header.SerializeToString()
-    return b"".join([_key(_HEADER, _LEN), _varint(len(body)), body])
+    return b"".join([_key(_HEADER, _LEN), varint(len(body)), body])
 
 
 def push_stream(

@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from towerps.codec import parse_part, pull_stream, push_stream, read_pull, read_push
+from towerps.codec import parse_part, pull_stream, push_stream, read_pull, read_push, varint
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 from towerps.wire import CHUNK_BYTES, TensorSpec
@@ -128,7 +128,7 @@ def test_a_flood_of_empty_chunks_is_refused_before_it_is_built():
     import tracemalloc
 
     entries = b"\x0a\x00" * (2 << 20)
-    buf = b"\x12" + _varint_bytes(len(entries)) + entries
+    buf = b"\x12" + varint(len(entries)) + entries
     tracemalloc.start()
     part = parse_part(buf)
     _, peak = tracemalloc.get_traced_memory()
@@ -175,12 +175,3 @@ def test_many_small_tensors_are_written_within_the_parser_caps():
     messages = list(pull_stream(0, tensors))
     version, out = read_pull(parse_part(m) for m in messages)
     assert len(out) == 3000 and len(messages) == 4  # header + 3 messages of <= 1024 chunks
-
-
-def _varint_bytes(value):
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
