@@ -10,8 +10,9 @@ train: setup
 	.venv/bin/towerps train --dataset fashion_mnist --num-workers 2 --num-ps 2 \
 		--batch-size 128 --steps 1000
 
-# The whole test suite, slow and multi-process tiers included (what CI runs).
+# The whole test suite, slow and multi-process tiers included (what CI runs),
+# ending with its 30 slowest tests: the ones to shorten when the suite grows.
 # Its set-up also installs what the cluster tier needs (openssh-server, rsync).
 test:
 	@scripts/setup.sh --tests
-	.venv/bin/python -m pytest -ra
+	.venv/bin/python -m pytest -ra --durations=30
