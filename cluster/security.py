@@ -5,7 +5,7 @@
     worker.setup.remote(..., credentials=security.worker(rank)) # rank r's token only
     PSClient(addresses, plan, credentials=security.driver)
     write_cluster_json(run_dir, job_id, addresses, security)   # once the shards serve
-    addresses, credentials = read_cluster_json(run_dir)        # a tool: the driver's access
+    addresses, credentials = read_cluster_json(run_dir)        # a tool (towerps status)
 
 The job secret comes from `--token-file` or is made here and written to
 `<run_dir>/token` (0600); it reaches shards and workers only as Ray method
@@ -28,6 +28,7 @@ from towerps.auth import (
     write_token_file,
 )
 from towerps.cluster.config import TrainConfig
+from towerps.errors import ConfigError
 from towerps.tls import (
     SERVER_NAME, TlsMaterial, load_client_tls, load_tls_dir, make_job_tls, write_tls_dir,
 )
@@ -106,14 +107,23 @@ def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecuri
     return path
 
 
-def read_cluster_json(run_dir: str) -> tuple[list[str], Credentials]:
-    """The shards' addresses and the driver's credentials (the job secret, and
-    the client's TLS files when TLS is on), from a run directory's cluster.json.
-    Pull and Status only: the job secret never pushes."""
-    with open(os.path.join(run_dir, CLUSTER_FILE)) as f:
-        record = json.load(f)
+def read_cluster_json(run_dir: str, token_file: str | None = None) -> tuple[list[str], Credentials]:
+    """The shards' addresses (by index) and the driver's credentials (the job
+    secret, and the client's TLS files when TLS is on), from a run
+    directory's cluster.json; `token_file` instead of the one it names.
+    Pull and Status only: the job secret never pushes. ConfigError when the
+    file or a credential cannot be read."""
+    path = os.path.join(run_dir, CLUSTER_FILE)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path} does not exist: {run_dir!r} is not a towerps run directory, or its shards "
+            "have not started yet; name the run's --run-dir"
+        ) from None
     tls = record["tls"]
     material = None if tls is None else load_client_tls(
         tls["ca_file"], tls["client_cert_file"], tls["client_key_file"])
-    secret = read_token_file(record["auth"]["token_file"])
+    secret = read_token_file(os.path.expanduser(token_file or record["auth"]["token_file"]))
     return [s["address"] for s in record["shards"]], Credentials(secret, material)

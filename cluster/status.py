@@ -17,24 +17,25 @@ cluster: the head node, where the driver writes it). Two sources:
            driver stopped rewriting (its process is gone) shows as "silent".
 
 A component is down when a shard does not answer or refuses the
-credentials, or a worker is dead or silent, and the run has not finished.
+credentials, or a worker is silent, while the run goes on; a worker that
+died is down for good, so a run that failed on it exits 1 after its end too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
 
 import grpc
 
+from towerps.auth import Credentials, bearer
 from towerps.cluster.observe import read_workers_file
-from towerps.errors import ConfigError
+from towerps.cluster.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
+from towerps.tls import TLS_OPTIONS, channel_credentials
 
-CLUSTER_FILE = "cluster.json"
 SILENT_S = 15.0  # workers.json older than this, the run unfinished: the driver is gone
 RPC_TIMEOUT_S = 5.0
 NO_STEPS = 2**62  # StatusRequest.since_version: counters only, no step log
@@ -54,30 +55,31 @@ class ShardState:
     at_s: float = 0.0
 
 
-def read_cluster(run_dir: str) -> dict:
-    """The run's cluster.json: job id, shard addresses, how to authenticate."""
-    path = os.path.join(run_dir, CLUSTER_FILE)
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path} does not exist: {run_dir!r} is not a towerps run directory, or its shards "
-            "have not started yet; name the run's --run-dir"
-        ) from None
+class ShardReader:
+    """Asks every shard of a run for its Status, with the job's credentials,
+    over one channel per shard kept open between readings. Not thread-safe."""
 
+    def __init__(self, addresses: list[str], credentials: Credentials):
+        self.addresses = list(addresses)
+        self._metadata = bearer(credentials.token)
+        if credentials.tls is None:
+            self._channels = [grpc.insecure_channel(a) for a in addresses]
+        else:
+            secure = channel_credentials(credentials.tls)
+            self._channels = [grpc.secure_channel(a, secure, options=TLS_OPTIONS)
+                              for a in addresses]
+        self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
 
-def ask_shards(cluster: dict, token_file: str | None = None) -> list[ShardState]:
-    """Every shard's counters now; a shard that does not answer is `up=False`."""
-    token = _token(cluster, token_file)
-    states = []
-    for shard in cluster["shards"]:
-        state = ShardState(shard["index"], shard["address"], up=False, at_s=time.time())
-        with _channel(cluster, shard["address"]) as channel:
-            stub = pb_grpc.ParameterServerStub(channel)
+    def ask(self) -> list[ShardState]:
+        """Every shard's counters now; one that does not answer (or refuses the
+        credentials) is `up=False` with the gRPC status code. Blocks at most
+        RPC_TIMEOUT_S per shard."""
+        states = []
+        for index, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
+            state = ShardState(index, address, up=False, at_s=time.time())
             try:
                 reply = stub.Status(pb.StatusRequest(since_version=NO_STEPS),
-                                    timeout=RPC_TIMEOUT_S, metadata=token)
+                                    timeout=RPC_TIMEOUT_S, metadata=self._metadata)
             except grpc.RpcError as err:
                 state.error = err.code().name
             else:
@@ -85,41 +87,12 @@ def ask_shards(cluster: dict, token_file: str | None = None) -> list[ShardState]
                 state.version, state.parameter_bytes = reply.version, reply.parameter_bytes
                 state.pushes_applied = reply.pushes_applied
                 state.pushes_dropped, state.pushes_rejected = reply.pushes_dropped, reply.pushes_rejected
-        states.append(state)
-    return states
+            states.append(state)
+        return states
 
-
-def _token(cluster: dict, token_file: str | None) -> tuple:
-    """gRPC metadata with the job's bearer token; none if the job has no auth."""
-    auth = cluster.get("auth")
-    path = token_file or (auth or {}).get("token_file")
-    if not path:
-        return ()
-    try:
-        with open(os.path.expanduser(path)) as f:
-            token = f.read().strip()
-    except OSError as err:
-        raise ConfigError(
-            f"cannot read the job's token file {path!r} ({err.strerror}); run status where the "
-            "run directory is, or give the job secret with --token-file"
-        ) from None
-    return ((auth or {}).get("metadata_key", "authorization"), f"Bearer {token}"),
-
-
-def _channel(cluster: dict, address: str) -> grpc.Channel:
-    tls = cluster.get("tls")
-    if not tls:
-        return grpc.insecure_channel(address)
-
-    def read(name):
-        with open(tls[name], "rb") as f:
-            return f.read()
-
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=tls["ca_pem"].encode(), private_key=read("client_key_file"),
-        certificate_chain=read("client_cert_file"))
-    return grpc.secure_channel(address, credentials,
-                               options=(("grpc.ssl_target_name_override", tls["server_name"]),))
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
 
 
 def render(run_dir: str, shards: list[ShardState], workers: dict | None,
@@ -128,7 +101,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     finished = bool(workers and workers.get("finished"))
     silent = bool(workers) and not finished and now_s - workers["updated_at_s"] > SILENT_S
     lines, healthy = [f"run {run_dir}" + ("  (finished)" if finished else "")], True
-    lines.append(f"{'shard':<6}{'address':<22}{'state':<18}{'version':>9}{'pushes/s':>10}"
+    lines.append(f"{'shard':<6}{'address':<22}{'state':<24}{'version':>9}{'pushes/s':>10}"
                  f"{'applied':>9}{'dropped':>9}{'refused':>9}{'MB':>8}")
     previous = {s.index: s for s in before or []}
     for s in shards:
@@ -138,7 +111,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
             rate = f"{(s.pushes_applied - p.pushes_applied) / (s.at_s - p.at_s):.1f}"
         state = "up" if s.up else f"down ({s.error})"
         healthy &= s.up or finished
-        lines.append(f"{s.index:<6}{s.address:<22}{state:<18}{s.version:>9}{rate:>10}"
+        lines.append(f"{s.index:<6}{s.address:<22}{state:<24}{s.version:>9}{rate:>10}"
                      f"{s.pushes_applied:>9}{s.pushes_dropped:>9}{s.pushes_rejected:>9}"
                      f"{s.parameter_bytes / 1e6:>8.1f}")
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"
@@ -147,7 +120,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
         alive = w.get("alive", False) and not silent
         state = "done" if finished and alive else "alive" if alive else (
             "silent" if silent else "dead")
-        healthy &= alive or finished
+        healthy &= alive or (finished and w.get("alive", False))  # a death stays a failure
         steps = max(w.get("steps", 0), 1)
         per_step = [f"{1e3 * w.get(k, 0.0) / steps:.1f}" for k in ("pull_s", "compute_s", "push_s")]
         lines.append(
@@ -164,17 +137,23 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
 
 
 def status(run_dir: str, token_file: str | None = None, watch: bool = False,
-           interval_s: float = 2.0, out=print) -> int:
-    """Print the table (again every `interval_s` with `watch`); 0 if all is up, else 1."""
+           interval_s: float = 2.0, out=None) -> int:
+    """Print the table (again every `interval_s` with `watch`); 0 if all is up, else 1.
+
+    Each table is flushed as a whole, so a pipe (`| tee`) sees it at once."""
+    out = out or (lambda text: print(text, flush=True))
     run_dir = os.path.expanduser(run_dir)
-    cluster = read_cluster(run_dir)
-    before = ask_shards(cluster, token_file)
-    while True:
-        time.sleep(interval_s if watch else min(interval_s, 1.0))  # a pushes/s needs two readings
-        shards = ask_shards(cluster, token_file)
-        table, healthy = render(run_dir, shards, read_workers_file(run_dir), before, time.time())
-        out(table)
-        if not watch:
-            return 0 if healthy else 1
-        before = shards
-        out("")
+    reader = ShardReader(*read_cluster_json(run_dir, token_file))
+    try:
+        before = reader.ask()
+        while True:
+            time.sleep(interval_s if watch else min(interval_s, 1.0))  # a pushes/s needs two readings
+            shards = reader.ask()
+            table, healthy = render(run_dir, shards, read_workers_file(run_dir), before, time.time())
+            out(table)
+            if not watch:
+                return 0 if healthy else 1
+            before = shards
+            out("")
+    finally:
+        reader.close()

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from towerps.cluster.observe import WorkersFile, read_workers_file
-from towerps.cluster.status import SILENT_S, ShardState, read_cluster, render
+from towerps.cluster.security import read_cluster_json
+from towerps.cluster.status import SILENT_S, ShardState, render
 from towerps.errors import ConfigError
 from towerps.workers.worker import WorkerReport
 
@@ -57,8 +58,21 @@ def test_the_table_says_who_is_down(tmp_path):
     assert not healthy and table.count(" silent ") == 2 and "driver is not running" in table
 
 
+def test_a_finished_run_is_down_only_if_a_worker_died(tmp_path):
+    figures = WorkersFile(str(tmp_path), PLACEMENT)
+    figures.workers(10, [report(0, 10, 100.0), report(1, 10, 100.0)])
+    figures.close()
+    gone = [ShardState(k, f"127.0.0.1:{k + 1}", False, error="UNAVAILABLE") for k in (0, 1)]
+    table, healthy = render("runs/x", gone, read_workers_file(str(tmp_path)), None, 1e12)
+    assert healthy and table.count(" done ") == 2 and "(finished)" in table
+
+    figures.lost(1)
+    figures.close()
+    table, healthy = render("runs/x", gone, read_workers_file(str(tmp_path)), None, 1e12)
+    assert not healthy and table.count(" done ") == 1
+    assert [line.split()[0] for line in table.splitlines() if " dead " in line] == ["1"]
+
+
 def test_a_run_directory_without_cluster_json_is_named(tmp_path):
     with pytest.raises(ConfigError, match="not a towerps run directory"):
-        read_cluster(str(tmp_path))
-    (tmp_path / "cluster.json").write_text(json.dumps({"shards": []}))
-    assert read_cluster(str(tmp_path)) == {"shards": []}
+        read_cluster_json(str(tmp_path))
