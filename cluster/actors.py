@@ -112,8 +112,14 @@ class ShardActor:
 
     def rollback(self, version: int) -> int:
         """Go back to this shard's part of checkpoint `version`; returns the version."""
-        self._shard.restore(self._checkpoints.store.read_part(version, self._index))
+        part = self._checkpoints.store.read_part(version, self._index)
+        self._shard.restore(part)
+        self._clocks = list(part.clocks)
         return version
+
+    def ping(self) -> int:
+        """The shard's version: any answer at all says the actor is alive."""
+        return self._shard.version
 
     def checkpoint_records(self) -> list[dict]:
         """Every part this shard handed to its writer: pause, write time, bytes
@@ -166,7 +172,7 @@ class WorkerJob:
     loss: object = None
 
 
-# Two threads: `progress` answers while `run` goes on.
+# Two threads: `progress` and `redirect` answer while `run` goes on.
 @ray.remote(max_concurrency=2)
 class WorkerActor:
     """One worker: its data set, its towers (one per device) and its client to every shard."""
@@ -201,7 +207,9 @@ class WorkerActor:
         towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                   wrap=faults.wrap_towers, loss=job.loss)
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials)
-        self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers), client)
+        self._job, self._credentials = job, credentials  # for a redirect's new client
+        self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers),
+                              faults.wrap_client(self._rank, client))
         record = _node_record("worker", self._rank)
         record["devices"] = towers.devices
         record["ray_gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]
@@ -213,6 +221,16 @@ class WorkerActor:
 
     def run(self, start_step: int = 0, data_step: int | None = None):
         return self._worker.run(start_step, data_step)
+
+    def redirect(self, target) -> None:
+        """Train on against the shards of `target` (a workers/redirect.py Redirect);
+        answers while `run` is busy (the actor's second thread)."""
+        from towerps.workers import PSClient
+
+        client = PSClient(list(target.addresses), self._job.plan, self._job.wire_dtype,
+                          credentials=self._credentials)
+        self._worker.redirect(target, client)
+
     def progress(self):
         """The worker's figures so far (a WorkerReport), or None before setup."""
         return None if self._worker is None else self._worker.progress()

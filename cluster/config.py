@@ -62,6 +62,9 @@ class TrainConfig:
     wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
     # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
     slow_worker: str | None = None
+    # TEST ONLY: a workers/faults.py Faults whose holds and deaths workers
+    # install; set by tests and benchmarks, never saved (config.json, job.yaml).
+    faults: object = None
     pull_timeout_s: float = 300.0
     # Shard checkpoints (ps/checkpoint.py, cluster/checkpoints.py): every N
     # global batches (0: none), into the run directory or a pyarrow.fs URI.
@@ -191,6 +194,8 @@ class TrainConfig:
         """JSON values: the mode as its CLI flags, in the mode's place."""
         data = {}
         for f in fields(self):
+            if f.name == "faults":
+                continue
             if f.name == "mode":
                 m = self.mode
                 data.update(mode=m.name, staleness=m.staleness, staleness_lr=m.staleness_lr,

@@ -14,6 +14,8 @@
  3. run       run the workers while watching the shards' update log for the
               progress bar and metrics.jsonl (cluster/monitor.py); a worker
               that fails stops the run at once; a time budget ends it early;
+              with checkpoints, the watch loop is a supervisor that brings a
+              dead shard back inside the job (cluster/supervisor.py);
               then pull the final parameters and stop every actor;
  4. evaluate  the test set on the final parameters (and on the snapshots
               taken along the way, with eval_points; cluster/evals.py);
@@ -349,4 +351,5 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         stopped=("interrupted" if watched.interrupted or stop.requested
                  else "budget" if watched.ended_early else "steps"),
         stop_signal=stop.signal_name,
+        recoveries=list(job.supervisor.recoveries) if job.supervisor else [],
     )

@@ -12,10 +12,17 @@ while cluster/monitor.py watches the shards' update log, then pulls the
 final parameters. `Job.stop` ends every actor; it is idempotent and safe to
 call from any phase, so a caller that must end a run early (an interrupt,
 a failed supervisor) only has to reach it.
+
+With checkpoints, `Job.run` watches under a Supervisor (cluster/supervisor.py),
+which brings dead actors back through `replace_shard`, `rollback_shards`
+and `redirect_workers`; `placement.json` in the run directory always says
+where every actor runs now (node, pid, address).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -29,12 +36,14 @@ from towerps.cluster.config import TrainConfig
 from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
 from towerps.cluster.security import JobSecurity, write_cluster_json
-from towerps.errors import ClusterError, TowerpsError
+from towerps.cluster.supervisor import Supervisor
+from towerps.errors import ActorDied, TowerpsError
 from towerps.ps.placement import PlacementPlan
 from towerps.workers import PSClient, WorkerSpec
 from towerps.workers.faults import Faults
 
 FINAL_PULL_TIMEOUT_S = 60.0
+PLACEMENT_FILE = "placement.json"  # where every actor of the run is now
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +93,9 @@ class Job:
         self.checkpoints = CheckpointPlan.for_job(config, run_dir)  # None: none taken
         self.sink = None  # the actor that writes parts on the driver's node
         self.resume_version: int | None = None  # started from this checkpoint
+        self._shard_checkpoints_spec: ShardCheckpoints | None = None  # what shards were given
+        self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
+        self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
 
     @classmethod
     def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
@@ -115,21 +127,24 @@ class Job:
         if plan is None:
             return None
         self.sink = start_sink(plan)
-        return ShardCheckpoints(plan.every, plan.shard_store(self.sink), plan.num_shards,
-                                self.resume_version)
+        self._shard_checkpoints_spec = ShardCheckpoints(
+            plan.every, plan.shard_store(self.sink), plan.num_shards, self.resume_version)
+        return self._shard_checkpoints_spec
 
     def _start_shards(self, shard_slices: list[dict[str, np.ndarray]], payload: Payload) -> None:
         c = self.config
         state = {s.name for s in self.plan.slices if s.variable in payload.state_names}
         optimizer = payload.optimizer or c.optimizer
+        self._shard_args = dict(optimizer=optimizer, lr=c.learning_rate,
+                                num_workers=c.num_workers, mode=c.mode,
+                                end_version=c.end_version, max_examples=c.batch_size,
+                                credentials=self.security.shard)
         checkpoints = self._shard_checkpoints()
         records = get([
             shard.start.remote(
                 {n: a for n, a in shard_slices[k].items() if n not in state},
-                optimizer, c.learning_rate, c.num_workers, c.mode, c.end_version,
                 state={n: a for n, a in shard_slices[k].items() if n in state},
-                checkpoints=checkpoints, max_examples=c.batch_size,
-                credentials=self.security.shard)
+                checkpoints=checkpoints, **self._shard_args)
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
@@ -148,6 +163,7 @@ class Job:
                        for r, w in enumerate(self.workers)])
         self.records += records
         self.reservation.record(self.records)  # logs where each landed
+        self._write_placement()
 
     def run(self, progress: bool | None = None, observer=None, stop=None) -> Trained:
         """Run every worker to the end, watching; then pull the final parameters.
@@ -155,16 +171,18 @@ class Job:
         Blocks until done. A failing worker raises its TowerpsError at once;
         the caller's `stop` (the `with` block) ends the others.
         """
-        with PSClient(list(self.addresses), self.plan, self.config.wire_dtype,
-                      credentials=self.security.driver) as client:
+        self.supervisor = Supervisor(self) if self.checkpoints else None
+        with self.client() as client:
             t_train = time.time()
             start = self.resume_version or 0
             runs = [w.run.remote(start, data_step) for w, data_step
                     in zip(self.workers, self._data_steps())]
             watched = watch(self.config, runs, self.shards, client, self.run_dir,
                             t_train, progress, get, start=start, workers=self.workers,
-                            observer=observer, stop=stop)
+                            observer=observer, stop=stop, supervisor=self.supervisor)
             wall_s = time.time() - t_train
+        # A recovery may have moved a shard: a client to where they are now.
+        with self.client() as client:
             towers = get([w.towers.remote() for w in self.workers])
             # Every worker is done: nothing changes any more (a budget may
             # have ended shards a version apart: take what they hold).
@@ -176,10 +194,58 @@ class Job:
     def _data_steps(self) -> list[int | None]:
         """Per worker: the global batch its first gradient trains on (async/ssp
         resumed: its clock in the checkpoint, the lowest any shard holds)."""
-        if self.resume_version is None or self.config.mode.aggregates:
+        if self.resume_version is None:
             return [None] * self.config.num_workers
+        return list(self.resumed_data_steps() or [None] * self.config.num_workers)
+
+    def client(self) -> PSClient:
+        """The driver's client to the shards where they are now."""
+        return PSClient(list(self.addresses), self.plan, self.config.wire_dtype,
+                        credentials=self.security.driver)
+
+    # -- recovery: the supervisor's hands (cluster/supervisor.py) -------------
+
+    def replace_shard(self, k: int, version: int) -> None:
+        """A new actor for dead shard k in its placement bundle, started from
+        its part of checkpoint `version`; blocks until it serves."""
+        actor = ShardActor.options(**self.reservation.shard_options(k)).remote(k)
+        self.shards[k] = actor
+        spec = dataclasses.replace(self._shard_checkpoints_spec, resume_version=version)
+        record = get([actor.start.remote({}, checkpoints=spec, **self._shard_args)])[0]
+        self.addresses = (*self.addresses[:k], record["address"], *self.addresses[k + 1:])
+        self.records = [r for r in self.records if (r["role"], r["index"]) != ("ps", k)]
+        self.records.append(record)
+        self._write_placement()
+        write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
+                           self.addresses, self.security)
+
+    def rollback_shards(self, version: int, skip: tuple[int, ...] = ()) -> None:
+        """Every shard but `skip` goes back to its part of checkpoint `version`."""
+        get([s.rollback.remote(version) for k, s in enumerate(self.shards) if k not in skip])
+
+    def resumed_data_steps(self) -> tuple[int, ...] | None:
+        """Async/ssp, after a restore: each rank's clock in the checkpoint (the
+        global batch its next gradient trains on); None in sync mode."""
+        if self.config.mode.aggregates:
+            return None
         clocks = get([s.resumed_clocks.remote() for s in self.shards])
-        return [min(c[rank] for c in clocks) for rank in range(self.config.num_workers)]
+        return tuple(min(c[rank] for c in clocks) for rank in range(self.config.num_workers))
+
+    def redirect_workers(self, target) -> None:
+        """Hand every worker `target` (a Redirect) while it trains. A worker that
+        died meanwhile is skipped: its own replacement starts where the shards are."""
+        for worker in self.workers:
+            try:
+                ray.get(worker.redirect.remote(target))
+            except ray.exceptions.RayActorError:
+                pass
+
+    def _write_placement(self) -> None:
+        """placement.json: where every actor runs now (role, index, node, pid, address)."""
+        path = os.path.join(self.run_dir, PLACEMENT_FILE)
+        with open(path + ".part", "w") as f:
+            json.dump(self.records, f, indent=2)
+        os.replace(path + ".part", path)
 
     def stop(self) -> None:
         """Stop the shards (waking their waiting calls), kill every actor, free the
@@ -209,6 +275,8 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
         mode=config.mode,
         end_version=config.end_version,
         global_clipnorm=global_clipnorm,
+        # With checkpoints a dead shard comes back (cluster/supervisor.py): wait for it.
+        recovery_wait_s=config.pull_timeout_s if config.checkpoint_every else 0.0,
     )
 
 
@@ -225,7 +293,7 @@ def get(refs: list) -> list:
             raise err.cause from None
         raise
     except ray.exceptions.RayActorError as err:
-        raise ClusterError(f"an actor of this job died: {err}") from None
+        raise ActorDied(f"an actor of this job died: {err}") from None
 
 
 def _stop_quietly(actor) -> None:

@@ -13,6 +13,12 @@ are taken along the way (cluster/evals.py) for the test-accuracy curve.
 A metrics record covers the updates since the previous one: one every
 `log_every` global batches of examples (log_every updates in sync,
 log_every * num_workers pushes in async/ssp), and one at the end.
+
+With a supervisor (cluster/supervisor.py; a job that takes checkpoints), a
+failed status call asks it to bring dead shards back, and watching goes on
+with a client to where the shards are now. After a rollback the shards make
+the rolled-back versions again; the log goes on after the newest version
+already seen, so no step is counted twice.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from tqdm import tqdm
 
 from towerps.cluster.evals import Snapshot, Snapshots
 from towerps.cluster.observe import Observer
-from towerps.errors import ClusterError
+from towerps.errors import ClusterError, ShardUnavailable
 
 POLL_S = 0.25  # how often the driver reads the update log while workers run
 REPORT_S = 1.0  # how often it asks the workers for their figures
@@ -98,7 +104,8 @@ class _WorkerPoll:
 
 def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
           progress: bool | None, get: Callable[[list], list], start: int = 0,
-          workers: list = (), observer: Observer | None = None, stop=None) -> WatchResult:
+          workers: list = (), observer: Observer | None = None, stop=None,
+          supervisor=None) -> WatchResult:
     """Wait for every worker's run (`runs`: their `run` calls' ObjectRefs, by
     rank), logging the shards' updates as they apply.
 
@@ -110,7 +117,8 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     `observer` (TensorBoard, metrics, the status file) sees each metrics
     record, and the workers' and shards' figures about every REPORT_S.
     `stop` (a StopRequest): once it is requested, the shards end the run at
-    their next version, as a spent time budget does.
+    their next version, as a spent time budget does. `supervisor`: brings
+    dead shards back instead of failing (see the module's docstring).
     """
     observer = observer or Observer()
     polls = _WorkerPoll(workers)
@@ -120,6 +128,7 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     result = WatchResult([], [], [], False)
     snapshots = Snapshots(config.eval_points) if config.eval_points else None
     pending = {ref: rank for rank, ref in enumerate(runs)}
+    opened = []  # clients to the shards after a recovery, closed at the end
     done: dict = {}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     kept = _records_up_to(metrics_path, start) if start else []
@@ -165,7 +174,16 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                         observer.lost(pending[ref])
                         raise
                     del pending[ref]
-            replies = client.status(since_version=seen)
+            try:
+                replies = client.status(since_version=seen)
+            except ShardUnavailable:
+                if supervisor is None:
+                    raise
+                replaced = supervisor.shards_failed(seen, client)
+                if replaced is not client:
+                    client = replaced
+                    opened.append(client)
+                continue
             for record in replies[0].steps:
                 seen, last = record.version, record
                 total += record.num_examples
@@ -192,6 +210,8 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                 snapshots.add(version, time.time() - t_train, params)
         if window.updates:
             log(last, replies[0].pushes_dropped)
+    for extra in opened:
+        extra.close()
     if not result.ended_early and seen < target:
         raise ClusterError(
             f"every worker finished but the shards reached only version {seen} of {target}"

@@ -109,6 +109,19 @@ class CheckpointSummary:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """One failure the job recovered from inside the run (cluster/supervisor.py)."""
+
+    role: str  # what died: "ps" (a shard) or "worker"
+    index: int  # the shard's index or the worker's rank
+    died_at_version: int  # the newest version the driver had seen
+    resumed_from: int  # the version training went on from (a checkpoint's, after a rollback)
+    steps_replayed: int  # versions made again: died_at_version - resumed_from after a rollback
+    noticed_at_s: float  # time.time() when the driver noticed the death
+    seconds: float  # from noticing to training going on (actor started, workers redirected)
+
+
+@dataclass(frozen=True)
 class RunSummary(Mapping):
     """One run's figures, as written to summary.json (field order = key order)."""
 
@@ -174,6 +187,7 @@ class RunSummary(Mapping):
     # "interrupted" (SIGINT/SIGTERM: the shards ended at their next version).
     stopped: str = "steps"
     stop_signal: str | None = None  # "SIGINT" or "SIGTERM" when interrupted
+    recoveries: list[Recovery] = field(default_factory=list)  # actors brought back, in order
 
     # -- summary.json -----------------------------------------------------
 
@@ -198,6 +212,7 @@ class RunSummary(Mapping):
         values["worker_time_s"] = [WorkerTime(**w) for w in values["worker_time_s"]]
         if values.get("checkpoints") is not None:
             values["checkpoints"] = CheckpointSummary(**values["checkpoints"])
+        values["recoveries"] = [Recovery(**r) for r in values.get("recoveries", [])]
         return cls(**values)
 
     @classmethod

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 
 import grpc
@@ -152,13 +152,15 @@ class PSClient:
         grads: Mapping[str, np.ndarray],
         num_examples: int,
         loss: float,
+        shards: Sequence[int] | None = None,
     ) -> list[PushOutcome]:
         """Send each shard its slices of `grads`; returns each shard's PushOutcome
-        (BUFFERED, APPLIED, DUPLICATE, ...), by shard index."""
+        (BUFFERED, APPLIED, DUPLICATE, ...), by shard index. `shards`: only
+        these (a test's partial push, workers/faults.py); None: every shard."""
         per_shard = self.plan.split(grads)
         itemsize = self.wire_dtype.itemsize
         payload = sum(a.size for a in grads.values()) * itemsize
-        outcomes = self._push_all(worker_rank, step, per_shard, num_examples, loss, False)
+        outcomes = self._push_all(worker_rank, step, per_shard, num_examples, loss, False, shards)
         self._count(sent=payload)
         return outcomes
 
@@ -168,7 +170,8 @@ class PSClient:
         empty = [{} for _ in range(self.num_shards)]
         return self._push_all(worker_rank, step, empty, 0, 0.0, True)
 
-    def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step) -> list[str]:
+    def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step,
+                  shards: Sequence[int] | None = None) -> list[str]:
 
         def push_one(k: int):
             def call(attempt: int):
@@ -188,6 +191,8 @@ class PSClient:
 
             return self._call(k, call, _RETRY_PUSH)
 
+        if shards is not None:
+            return [push_one(k) for k in shards]
         return self._fan_out(push_one)
 
     def status(self, since_version: int = 0) -> list[pb.StatusReply]:

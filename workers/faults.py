@@ -1,9 +1,10 @@
-"""Test-only slowdowns, installed around a worker's parts, never inside its loops.
+"""Test-only slowdowns and failures, installed around a worker's parts, never inside its loops.
 
     tower = SlowTower(tower, factor=3.0)      # compute_gradients takes 3x as long
-    faults = Faults.of(config)                # --slow-worker, --slow-tower
+    faults = Faults.of(config)                # --slow-worker, --slow-tower, config.faults
     towers = faults.wrap_towers(towers)       # one slow device among a worker's towers
     tower = faults.wrap_worker(rank, tower)   # one slow worker among the job's
+    client = faults.wrap_client(rank, client) # a worker that holds, or dies half-way, in a push
 
 `WorkerActor.setup` (cluster/actors.py) is where a job's `Faults` are
 installed: the worker loop and the tower group run unchanged and cannot
@@ -18,6 +19,9 @@ are exactly those of the wrapped tower.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,17 +86,33 @@ class Faults:
 
     slow_worker: tuple[int, float] | None = None  # (rank, factor): that worker computes slower
     slow_tower: tuple[int, float] | None = None  # (index, factor): that tower of every worker
+    holds: tuple[Hold, ...] = ()  # workers that stop before one push until released
+    die_in_push: tuple[int, int] | None = None  # (rank, step): pushes to shard 0 only, then dies
 
     @classmethod
     def of(cls, config) -> Faults:
-        """From a TrainConfig's `slow_worker` and `devices.slow_tower` flags."""
+        """From a TrainConfig's `slow_worker` and `devices.slow_tower` flags, and
+        the holds and deaths of its `faults` (set by tests, never by a flag)."""
         slow_worker = config.slow_worker
         slow_tower = config.devices.slow_tower
-        return cls(
+        extra = config.faults or cls()
+        return dataclasses.replace(
+            extra,
             slow_worker=None if slow_worker is None else
             parse_slow("--slow-worker", slow_worker, config.num_workers, "RANK"),
             slow_tower=None if slow_tower is None else parse_slow("--slow-tower", slow_tower),
         )
+
+    def for_replacement(self) -> Faults:
+        """What a worker started in a dead one's place installs: the slowdowns,
+        not the one-time holds and deaths (a process dies once)."""
+        return dataclasses.replace(self, holds=(), die_in_push=None)
+
+    def wrap_client(self, rank: int, client):
+        """Worker `rank`'s PSClient, wrapped if a hold or death names the rank."""
+        holds = {h.step: h for h in self.holds if h.rank == rank}
+        die_at = self.die_in_push[1] if self.die_in_push and self.die_in_push[0] == rank else None
+        return FaultyClient(client, holds, die_at) if holds or die_at is not None else client
 
     def wrap_towers(self, towers: Sequence) -> list:
         """A worker's per-device towers, the slow one wrapped (before they are grouped)."""
@@ -112,3 +132,48 @@ class Faults:
         if self.slow_worker is not None and self.slow_worker[0] == rank:
             return SlowTower(tower, self.slow_worker[1])
         return tower
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Worker `rank` stops before its push of `step` until the file `release`
+    exists, after writing `release + ".held"` (so a test knows it is there and
+    can, say, kill something meanwhile). Files: the test and the worker share a
+    machine. Raises TimeoutError after `timeout_s`."""
+
+    rank: int
+    step: int
+    release: str
+    timeout_s: float = 600.0
+
+    def wait(self) -> None:
+        with open(self.release + ".held", "w") as f:
+            f.write(str(os.getpid()))
+        deadline = time.monotonic() + self.timeout_s
+        while not os.path.exists(self.release):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.release} did not appear within {self.timeout_s:g} s")
+            time.sleep(0.02)
+
+
+class FaultyClient:
+    """A PSClient whose pushes of chosen steps hold first (`holds`: step -> Hold)
+    or, at step `die_at`, reach shard 0 only before the process kills itself
+    (SIGKILL: no cleanup, as a crash). Everything else is the inner client's."""
+
+    def __init__(self, inner, holds: dict[int, Hold], die_at: int | None = None):
+        self.inner, self.holds, self.die_at = inner, holds, die_at
+
+    def push(self, worker_rank, step, grads, num_examples, loss, shards=None):
+        hold = self.holds.pop(step, None)
+        if hold is not None:
+            hold.wait()
+        if step == self.die_at:
+            self.inner.push(worker_rank, step, grads, num_examples, loss, shards=[0])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner.push(worker_rank, step, grads, num_examples, loss, shards)
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)

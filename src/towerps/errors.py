@@ -54,5 +54,9 @@ class ClusterError(TowerpsError, RuntimeError):
     """Ray could not be reached or could not place what a job asks for."""
 
 
+class ActorDied(ClusterError):
+    """A job's actor is gone: its process died or its node was lost."""
+
+
 class CheckpointError(TowerpsError):
     """A checkpoint is missing, incomplete, or not one towerps wrote."""

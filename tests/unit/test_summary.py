@@ -22,6 +22,7 @@ SUMMARY_KEYS = [
     "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
     "worker_time_s", "run_dir", "config", "test_metrics", "checkpoints",
     "tls", "token_file", "pushes_nonfinite", "steps_skipped", "stopped", "stop_signal",
+    "recoveries",
 ]
 
 
@@ -87,6 +88,6 @@ def test_staleness_of_an_empty_histogram_is_zero():
 
 def test_a_summary_written_before_stopped_existed_still_loads(tmp_path):
     data = make_summary().to_dict()
-    del data["stopped"], data["stop_signal"]
+    del data["stopped"], data["stop_signal"], data["recoveries"]
     loaded = RunSummary.from_dict(data)
-    assert (loaded.stopped, loaded.stop_signal) == ("steps", None)
+    assert (loaded.stopped, loaded.stop_signal, loaded.recoveries) == ("steps", None, [])
