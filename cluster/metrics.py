@@ -12,7 +12,9 @@ series is a gauge tagged with the run's name (`run`), and with `worker` or
     towerps_staleness_mean, towerps_pushes_dropped            each metrics record
     towerps_worker_step_seconds{part=pull|compute|push}        per step, since the last report
     towerps_worker_examples_per_s, towerps_worker_wire_bytes   each worker report
-    towerps_shard_pushes_applied                               each shard report
+    towerps_shard_pushes_applied, towerps_shard_pushes_per_s,
+    towerps_shard_pulls_waiting, towerps_shard_received_mb_per_s,
+    towerps_shard_sent_mb_per_s, towerps_shard_apply_ms        each shard report
     towerps_test_accuracy                                      each evaluation, while Ray runs
 """
 
@@ -21,7 +23,16 @@ from __future__ import annotations
 import ray
 from ray.util.metrics import Gauge
 
-from towerps.cluster.observe import Observer
+from towerps.cluster.observe import Observer, ShardFigures
+
+
+_SHARD_FIGURES = {  # ShardFigures' names
+    "pushes_per_s": "pushes a shard applied per second (its last ~10 s)",
+    "pulls_waiting": "pulls waiting at a shard for their version",
+    "received_mb_per_s": "MB/s of pushes a shard received",
+    "sent_mb_per_s": "MB/s of pulls a shard sent",
+    "apply_ms": "ms a shard spends per optimizer update",
+}
 
 
 class RayMetrics(Observer):
@@ -46,6 +57,9 @@ class RayMetrics(Observer):
         self.worker_bytes = gauge("towerps_worker_wire_bytes",
                                   "bytes a worker pushed and pulled so far", "worker")
         self.applied = gauge("towerps_shard_pushes_applied", "pushes a shard applied", "shard")
+        self._shard_figures = ShardFigures()
+        self.shard_gauges = {name: gauge(f"towerps_shard_{name}", description, "shard")
+                             for name, description in _SHARD_FIGURES.items()}
         self.accuracy = gauge("towerps_test_accuracy", "test accuracy at the last evaluation")
 
     def record(self, entry: dict) -> None:
@@ -71,8 +85,12 @@ class RayMetrics(Observer):
                                      tags)
 
     def shards(self, version: int, counters: list) -> None:
+        figures = self._shard_figures.update(counters)
         for c in counters:
-            self.applied.set(c.pushes_applied, {**self._tags, "shard": str(c.shard_index)})
+            tags = {**self._tags, "shard": str(c.shard_index)}
+            self.applied.set(c.pushes_applied, tags)
+            for name, value in figures[c.shard_index].items():
+                self.shard_gauges[name].set(value, tags)
 
     def evaluation(self, version: int, test_loss: float, test_accuracy: float | None) -> None:
         if ray.is_initialized() and test_accuracy is not None:

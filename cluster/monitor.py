@@ -175,7 +175,7 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                         raise
                     del pending[ref]
             try:
-                replies = client.status(since_version=seen)
+                replies = client.status(since_version=seen, logs_of=(0,))  # only its log is read
             except ShardUnavailable:
                 if supervisor is None:
                     raise

@@ -4,6 +4,7 @@
     observers.record(entry)               # each metrics.jsonl record
     observers.workers(version, figures)   # every worker's figures, about once a second
     observers.shards(version, counters)   # every shard's StatusReply, with the workers'
+                                          # (ShardFigures: their rates between two)
     observers.evaluation(version, loss, accuracy)
     observers.close()
 
@@ -122,6 +123,33 @@ class WorkersFile(Observer):
         with os.fdopen(fd, "w") as f:
             json.dump(state, f)
         os.replace(tmp, self.path)
+
+
+class ShardFigures:
+    """Each shard's figures from consecutive StatusReplies: its own (pushes/s,
+    pulls waiting) and, since the previous reply, MB/s of pushes received
+    and of pulls sent and ms per optimizer update."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._last: dict[int, tuple[float, object]] = {}  # shard -> (when, reply)
+
+    def update(self, counters: list) -> dict[int, dict[str, float]]:
+        """{shard index: {figure: value}}; the rates appear from the second reply on."""
+        now, figures = self._clock(), {}
+        for c in counters:
+            seen = {"pushes_per_s": c.pushes_per_s, "pulls_waiting": c.pulls_waiting}
+            at, before = self._last.get(c.shard_index, (now, None))
+            if before is not None and now > at:
+                per_s = 1e-6 / (now - at)  # bytes -> MB/s
+                seen["received_mb_per_s"] = (c.bytes_received - before.bytes_received) * per_s
+                seen["sent_mb_per_s"] = (c.bytes_sent - before.bytes_sent) * per_s
+                updates = c.updates_applied - before.updates_applied
+                if updates > 0:
+                    seen["apply_ms"] = 1e3 * (c.apply_s - before.apply_s) / updates
+            self._last[c.shard_index] = (now, c)
+            figures[c.shard_index] = seen
+        return figures
 
 
 def read_workers_file(run_dir: str) -> dict | None:

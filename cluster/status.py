@@ -10,7 +10,8 @@ cluster: the head node, where the driver writes it). Two sources:
   shards   asked directly over gRPC (Status), at the addresses in the run's
            cluster.json, with the job's credentials (its token file and, with
            TLS, its client certificate): version, pushes applied per second,
-           late (dropped) and refused pushes, the bytes each holds;
+           late (dropped) and refused pushes, the bytes each holds, MB/s of
+           pushes in and pulls out, ms per optimizer update, pulls waiting;
   workers  workers.json, which the driver rewrites about every second with
            each worker's figures (cluster/observe.py): step, examples/s,
            device, where its steps' time goes, alive or not. A file the
@@ -34,11 +35,11 @@ from towerps.cluster.observe import read_workers_file
 from towerps.cluster.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
+from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
 
 SILENT_S = 15.0  # workers.json older than this, the run unfinished: the driver is gone
 RPC_TIMEOUT_S = 5.0
-NO_STEPS = 2**62  # StatusRequest.since_version: counters only, no step log
 
 
 @dataclass
@@ -52,7 +53,21 @@ class ShardState:
     pushes_dropped: int = 0
     pushes_rejected: int = 0
     parameter_bytes: int = 0
+    pushes_per_s: float = 0.0  # the shard's own figure, over about the last 10 s
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    updates_applied: int = 0
+    apply_s: float = 0.0
+    pulls_waiting: int = 0
     at_s: float = 0.0
+
+    def read(self, reply) -> None:
+        """Take the figures of `reply` (a StatusReply); the shard is up."""
+        self.up = True
+        for name in ("version", "pushes_applied", "pushes_dropped", "pushes_rejected",
+                     "parameter_bytes", "pushes_per_s", "bytes_received", "bytes_sent",
+                     "updates_applied", "apply_s", "pulls_waiting"):
+            setattr(self, name, getattr(reply, name))
 
 
 class ShardReader:
@@ -78,15 +93,12 @@ class ShardReader:
         for index, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
             state = ShardState(index, address, up=False, at_s=time.time())
             try:
-                reply = stub.Status(pb.StatusRequest(since_version=NO_STEPS),
+                reply = stub.Status(pb.StatusRequest(since_version=COUNTERS_ONLY),
                                     timeout=RPC_TIMEOUT_S, metadata=self._metadata)
             except grpc.RpcError as err:
                 state.error = err.code().name
             else:
-                state.up = True
-                state.version, state.parameter_bytes = reply.version, reply.parameter_bytes
-                state.pushes_applied = reply.pushes_applied
-                state.pushes_dropped, state.pushes_rejected = reply.pushes_dropped, reply.pushes_rejected
+                state.read(reply)
             states.append(state)
         return states
 
@@ -97,23 +109,13 @@ class ShardReader:
 
 def render(run_dir: str, shards: list[ShardState], workers: dict | None,
            before: list[ShardState] | None, now_s: float) -> tuple[str, bool]:
-    """The table, and whether every component is up (or the run finished)."""
+    """The table, and whether every component is up (or the run finished).
+    `before`: the previous reading, for the traffic and apply time since."""
     finished = bool(workers and workers.get("finished"))
     silent = bool(workers) and not finished and now_s - workers["updated_at_s"] > SILENT_S
-    lines, healthy = [f"run {run_dir}" + ("  (finished)" if finished else "")], True
-    lines.append(f"{'shard':<6}{'address':<22}{'state':<24}{'version':>9}{'pushes/s':>10}"
-                 f"{'applied':>9}{'dropped':>9}{'refused':>9}{'MB':>8}")
-    previous = {s.index: s for s in before or []}
-    for s in shards:
-        rate = ""
-        p = previous.get(s.index)
-        if s.up and p is not None and p.up and s.at_s > p.at_s:
-            rate = f"{(s.pushes_applied - p.pushes_applied) / (s.at_s - p.at_s):.1f}"
-        state = "up" if s.up else f"down ({s.error})"
-        healthy &= s.up or finished
-        lines.append(f"{s.index:<6}{s.address:<22}{state:<24}{s.version:>9}{rate:>10}"
-                     f"{s.pushes_applied:>9}{s.pushes_dropped:>9}{s.pushes_rejected:>9}"
-                     f"{s.parameter_bytes / 1e6:>8.1f}")
+    lines = [f"run {run_dir}" + ("  (finished)" if finished else "")]
+    lines += _shard_rows(shards, {s.index: s for s in before or []})
+    healthy = all(s.up for s in shards) or finished
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"
                  f"{'pull ms':>9}{'compute ms':>11}{'push ms':>9}{'MB moved':>10}")
     for w in (workers or {}).get("workers", []):
@@ -134,6 +136,30 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
         lines.append(f"(workers.json last written {now_s - workers['updated_at_s']:.0f} s ago: "
                      "the driver is not running)")
     return "\n".join(lines), healthy
+
+
+def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list[str]:
+    """Per shard: pushes/s (the shard's), MB/s in and out and ms per update
+    since `before` (with no earlier reading: blank), pulls waiting now."""
+    rows = [f"{'shard':<6}{'address':<22}{'state':<23}{'version':>8}{'pushes/s':>9}"
+            f"{'applied':>9}{'dropped':>8}{'refused':>8}{'MB':>7}{'in MB/s':>9}{'out MB/s':>9}"
+            f"{'apply ms':>9}{'pulls waiting':>14}"]
+    for s in shards:
+        p = before.get(s.index)
+        received = sent = apply = ""
+        if s.up and p is not None and p.up and s.at_s > p.at_s:
+            elapsed = s.at_s - p.at_s
+            received = f"{(s.bytes_received - p.bytes_received) / elapsed / 1e6:.1f}"
+            sent = f"{(s.bytes_sent - p.bytes_sent) / elapsed / 1e6:.1f}"
+            updates = s.updates_applied - p.updates_applied
+            if updates > 0:
+                apply = f"{1e3 * (s.apply_s - p.apply_s) / updates:.2f}"
+        state = "up" if s.up else f"down ({s.error})"
+        rows.append(f"{s.index:<6}{s.address:<22}{state:<23}{s.version:>8}{s.pushes_per_s:>9.1f}"
+                    f"{s.pushes_applied:>9}{s.pushes_dropped:>8}{s.pushes_rejected:>8}"
+                    f"{s.parameter_bytes / 1e6:>7.1f}{received:>9}{sent:>9}{apply:>9}"
+                    f"{s.pulls_waiting:>14}")
+    return rows
 
 
 def status(run_dir: str, token_file: str | None = None, watch: bool = False,

@@ -14,6 +14,9 @@ The x axis of every plot is the shards' version (the training step). Written:
                                            waiting for the step; push, ssp's gate)
     workers/<rank>/examples_per_s, workers/<rank>/wire_mb
     shards/<k>/pushes_applied, pushes_dropped, pushes_rejected, pushes_duplicate
+    shards/<k>/pushes_per_s, pulls_waiting the shard's own figures (ps/stats.py)
+    shards/<k>/received_mb_per_s,          since the previous report: pushes in,
+    sent_mb_per_s, apply_ms                pulls out, ms per optimizer update
     test/accuracy, test/loss               at each evaluation (the end, and
                                            --eval-points along the way)
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from towerps.cluster.observe import Observer
+from towerps.cluster.observe import Observer, ShardFigures
 
 
 class TensorBoard(Observer):
@@ -35,6 +38,7 @@ class TensorBoard(Observer):
     def __init__(self, log_dir: str):
         self._writer = tf.summary.create_file_writer(log_dir)
         self._last: dict = {}  # each worker's previous report
+        self._shard_figures = ShardFigures()
 
     def record(self, entry: dict) -> None:
         step = entry["step"]
@@ -69,11 +73,14 @@ class TensorBoard(Observer):
                                   (now.bytes_sent + now.bytes_received) / 1e6)
 
     def shards(self, version: int, counters: list) -> None:
+        figures = self._shard_figures.update(counters)
         with self._writer.as_default(step=version):
             for c in counters:
                 for name in ("pushes_applied", "pushes_dropped", "pushes_rejected",
                              "pushes_duplicate"):
                     tf.summary.scalar(f"shards/{c.shard_index}/{name}", getattr(c, name))
+                for name, value in figures[c.shard_index].items():
+                    tf.summary.scalar(f"shards/{c.shard_index}/{name}", value)
 
     def evaluation(self, version: int, test_loss: float, test_accuracy: float | None) -> None:
         with self._writer.as_default(step=version):

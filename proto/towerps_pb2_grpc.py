@@ -69,7 +69,7 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Counters and the step log, for the driver and for tests.
+        """Counters and the step log, for the driver, `towerps status` and tests.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

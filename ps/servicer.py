@@ -51,6 +51,7 @@ from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.guard import Guard
 from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits, checked_wait
 from towerps.ps.shard import PushOutcome, Shard
+from towerps.ps.stats import Traffic
 from towerps.tls import server_credentials
 from towerps.wire import GRPC_OPTIONS, pull_wire_dtype
 
@@ -77,6 +78,12 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         # wire dtype -> (version, its Pull messages): the latest version's only.
         self._encoded: dict[object, tuple[int, list[bytes]]] = {}
         self._encode_lock = threading.Lock()
+        self.traffic = Traffic()  # bytes of Push messages in and Pull messages out
+
+    def parse_push_part(self, buf: bytes):
+        """A Push message's deserializer: counts its bytes, then parses it."""
+        self.traffic.received(len(buf))
+        return parse_part(buf)
 
     def Push(self, request_iterator, context):
         ended = self._call_ended(context)
@@ -116,6 +123,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         try:
             for message in self._pull_messages(version, params, wire_dtype):
                 stream.peer_turn()  # gRPC sends it before asking for the next
+                self.traffic.sent(len(message))
                 yield message
                 stream.our_turn()
         finally:
@@ -173,6 +181,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             parameter_bytes=self._shard.parameter_bytes,
             steps=[pb.StepRecord(**asdict(record)) for record in stats.steps],
             calls_in_flight=self._slots.in_flight if self._slots else 0,
+            bytes_received=self.traffic.bytes_received,
+            bytes_sent=self.traffic.bytes_sent,
             **counters,
         )
 
@@ -283,7 +293,7 @@ def _handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
     service = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
     return grpc.method_handlers_generic_handler(service, {
         "Push": grpc.stream_unary_rpc_method_handler(
-            servicer.Push, request_deserializer=parse_part,
+            servicer.Push, request_deserializer=servicer.parse_push_part,
             response_serializer=pb.PushReply.SerializeToString),
         "Pull": grpc.unary_stream_rpc_method_handler(
             servicer.Pull, request_deserializer=pb.PullRequest.FromString),

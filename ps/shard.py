@@ -57,7 +57,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import numpy as np
@@ -69,6 +69,7 @@ from towerps.ps.aggregation import StepBuffer
 from towerps.ps.checkpoint import ShardState
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
+from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
 from towerps.wire import TensorSpec, spec_of
 
 
@@ -92,29 +93,6 @@ class PushResult:
     staleness: int = 0  # of an async/ssp push applied now: version at apply - step
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    version: int  # the version this update produced
-    loss: float  # example-weighted mean of the losses pushed into it
-    num_examples: int
-    applied_at_s: float  # wall-clock time (time.time()) of the update
-    staleness: int = 0  # of the gradient applied (sync: 0)
-
-
-@dataclass
-class ShardStats:
-    pushes_applied: int = 0  # pushes that went into an update
-    pushes_duplicate: int = 0  # repeats of an accepted (worker, step)
-    pushes_rejected: int = 0  # refused: bad tensors or impossible steps
-    pushes_dropped: int = 0  # sync with backups: arrived after their step was applied
-    pushes_after_end: int = 0  # arrived once the run's last version was made
-    gate_waits: int = 0  # ssp: times a worker had to wait for the slowest
-    pushes_nonfinite: int = 0  # refused (and in pushes_rejected): NaN/inf gradient or loss
-    steps_skipped: int = 0  # versions made without an update: a worker's gradient was not finite
-    staleness_histogram: list[int] = field(default_factory=list)  # [s] = applied pushes
-    steps: list[StepRecord] = field(default_factory=list)
-
-
 class Shard:
     """Holds a subset of the model's variables and applies updates by `mode`.
 
@@ -122,7 +100,8 @@ class Shard:
     values) are copied into float32 arrays the shard owns; their names must
     differ. `num_workers` ranks 0..num_workers-1 may push. `end_version`
     None: no end. `max_examples` (the global batch) bounds a push's
-    `num_examples`; None: no bound.
+    `num_examples`; None: no bound. The update log keeps the newest
+    `log_capacity` records (ps/stats.py).
     """
 
     def __init__(
@@ -135,6 +114,7 @@ class Shard:
         end_version: int | None = None,
         state: Mapping[str, np.ndarray] | None = None,
         max_examples: int | None = None,
+        log_capacity: int = LOG_CAPACITY,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
@@ -157,7 +137,9 @@ class Shard:
         self._max_examples = max_examples
         self._skipping: set[int] = set()  # sync: ranks that reported the step as skipped
         self._closed = False
-        self._stats = ShardStats()
+        self._stats = ShardStats()  # counters; the update log and push rate beside them
+        self._log = StepLog(log_capacity)
+        self._push_rate = RateMeter()
         # sync: the step being gathered (gradients and state values alike)
         self._buffer = StepBuffer(
             {**self._params, **self._state}, ordered=self.mode.sum_order == "rank"
@@ -219,7 +201,7 @@ class Shard:
             if self.mode.aggregates:
                 return self._gather(worker_rank, step, grads, num_examples, loss)
             staleness = self._version - step
-            self._stats.pushes_applied += 1
+            self._count_applied()
             self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness))
             return PushResult(PushOutcome.APPLIED, self._version, staleness)
 
@@ -288,7 +270,7 @@ class Shard:
         self._version += 1
         self._snapshot = None
         self._stats.steps_skipped += 1
-        self._stats.steps.append(StepRecord(self._version, 0.0, 0, time.time(), staleness))
+        self._log.append(StepRecord(self._version, 0.0, 0, time.time(), staleness))
         self._lock.notify_all()
 
     def _complete_if_quorum(self) -> PushResult:
@@ -313,8 +295,12 @@ class Shard:
             self._stats.pushes_dropped += 1
             return PushResult(PushOutcome.DROPPED, self._version)
         self._buffer.add(worker_rank, grads, num_examples, loss)
-        self._stats.pushes_applied += 1
+        self._count_applied()
         return self._complete_if_quorum()
+
+    def _count_applied(self) -> None:
+        self._stats.pushes_applied += 1
+        self._push_rate.add()
 
     def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
         """One optimizer update and the new state; version + 1; wake pulls and gates.
@@ -322,19 +308,20 @@ class Shard:
         `pushed` holds a gradient per variable and a value per state entry.
         Caller holds the lock.
         """
+        t0 = time.perf_counter()
         self._optimizer.apply(
             self._params, {n: pushed[n] for n in self._params}, lr_scale=lr_scale
         )
         for name, value in self._state.items():
             value[...] = pushed[name]
+        self._stats.apply_s += time.perf_counter() - t0
+        self._stats.updates_applied += 1
         self._version += 1
         self._snapshot = None
         histogram = self._stats.staleness_histogram
         histogram.extend([0] * (staleness + 1 - len(histogram)))
         histogram[staleness] += num_pushes
-        self._stats.steps.append(
-            StepRecord(self._version, loss, num_examples, time.time(), staleness)
-        )
+        self._log.append(StepRecord(self._version, loss, num_examples, time.time(), staleness))
         if self._checkpoint_every and self._version % self._checkpoint_every == 0:
             t0 = time.perf_counter()
             state = self._export()
@@ -446,11 +433,15 @@ class Shard:
         ended = call_ended or threading.Event()
         with self._lock:
             target = min(min_version, self._end)
-            ready = self._lock.wait_for(
-                lambda: self._version >= min(target, self._end) or self._closed
-                or ended.is_set(),
-                timeout=timeout_s,
-            )
+            self._stats.pulls_waiting += 1  # seen by stats() only while it waits
+            try:
+                ready = self._lock.wait_for(
+                    lambda: self._version >= min(target, self._end) or self._closed
+                    or ended.is_set(),
+                    timeout=timeout_s,
+                )
+            finally:
+                self._stats.pulls_waiting -= 1
             ready = ready and not ended.is_set()
             if self._closed:
                 raise ShardUnavailable(f"shard {self.index} is shutting down")
@@ -480,14 +471,19 @@ class Shard:
             return self._end
 
     def stats(self, since_version: int = 0) -> tuple[int, ShardStats]:
-        """(version, counters with the step records after `since_version`)."""
+        """(version, counters with the update records after `since_version`).
+
+        O(the new records): the log is walked back only to `since_version`
+        (a version beyond the shard's: counters only) and holds the newest
+        `log_capacity` records at most."""
         with self._lock:
             s = self._stats
-            # A copy: the counters are ints, the two lists are copied.
+            # A copy: the counters are numbers, the lists are new.
             return self._version, replace(
                 s,
+                pushes_per_s=self._push_rate.per_s(),
                 staleness_histogram=list(s.staleness_histogram),
-                steps=[r for r in s.steps if r.version > since_version],
+                steps=self._log.since(since_version),
             )
 
     def take_checkpoints(self, every: int, sink: Callable[[ShardState, float], None]) -> None:
@@ -539,7 +535,7 @@ class Shard:
             self._last_step, self._clocks = list(state.last_step), list(state.clocks)
             self._buffer.clear()
             self._snapshot = None
-            self._stats.steps = [r for r in self._stats.steps if r.version <= state.version]
+            self._log.drop_after(state.version)
             self._lock.notify_all()
 
     def _check_state(self, state: ShardState) -> None:

@@ -48,6 +48,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
 from towerps.ps.shard import PushOutcome
+from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 
@@ -195,16 +196,24 @@ class PSClient:
             return [push_one(k) for k in shards]
         return self._fan_out(push_one)
 
-    def status(self, since_version: int = 0) -> list[pb.StatusReply]:
-        request = pb.StatusRequest(since_version=since_version)
-        return self._fan_out(
-            lambda k: self._call(
+    def status(self, since_version: int = 0,
+               logs_of: tuple[int, ...] | None = None) -> list[pb.StatusReply]:
+        """Every shard's StatusReply, by index, with its update records after
+        `since_version`; `logs_of`: only these shards send records (the others
+        counters only, which is all the driver reads of them). None: all."""
+        with_log = pb.StatusRequest(since_version=since_version)
+        counters = pb.StatusRequest(since_version=COUNTERS_ONLY)
+
+        def ask(k: int):
+            request = with_log if logs_of is None or k in logs_of else counters
+            return self._call(
                 k,
                 lambda attempt: self._stubs[k].Status(
                     request, timeout=30.0, metadata=self._metadata),
                 _RETRY_ALWAYS,
             )
-        )
+
+        return self._fan_out(ask)
 
     def _fan_out(self, fn: Callable[[int], object]) -> list:
         if self.num_shards == 1:  # nothing to overlap: spare the thread hand-off

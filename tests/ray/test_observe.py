@@ -54,6 +54,8 @@ def test_tensorboard_reads_the_runs_plots(run):
         assert series[f"workers/{rank}/wire_mb"][-1][1] > 0
     for shard in (0, 1):
         assert series[f"shards/{shard}/pushes_applied"][-1] == (30, 60.0)  # 2 workers x 30 steps
+        assert series[f"shards/{shard}/pushes_per_s"][-1][1] > 0
+        assert f"shards/{shard}/pulls_waiting" in series
     for tag in ("wire/bytes_per_step", "staleness/mean", "staleness/max", "pushes/dropped"):
         assert len(series[tag]) == 3
     events = EventAccumulator(str(run_dir))
@@ -88,3 +90,4 @@ def test_ray_metrics_reach_the_nodes_metrics_endpoint(run):
                 found[name] = float(line.rsplit(" ", 1)[1])
     assert found == wanted
     assert 'ray_towerps_worker_step_seconds{' in text and 'part="compute"' in text
+    assert 'ray_towerps_shard_pushes_per_s{' in text and 'ray_towerps_shard_pulls_waiting{' in text

@@ -97,7 +97,11 @@ def test_status_of_a_live_tls_run_with_and_without_credentials_and_a_dead_worker
         print(live.stdout)  # pytest -s: the table as a user sees it
         assert live.returncode == 0, live.stdout + live.stderr
         up = rows(live.stdout, "up")
-        assert sorted(r[0] for r in up) == ["0", "1"] and all(int(r[3]) > 0 for r in up), live.stdout
+        assert sorted(r[0] for r in up) == ["0", "1"], live.stdout
+        for shard in up:  # version, pushes/s, MB/s in and out, ms per update, pulls waiting
+            assert len(shard) == 13 and int(shard[3]) > 0 and float(shard[4]) > 0, live.stdout
+            assert float(shard[9]) > 0 and float(shard[10]) > 0 and float(shard[11]) > 0
+            assert int(shard[12]) >= 0
         alive = rows(live.stdout, "alive")
         assert sorted(r[0] for r in alive) == ["0", "1"] and all(r[2] == "/CPU:0" for r in alive)
 

@@ -85,6 +85,12 @@ def test_duplicate_push_over_the_wire_is_applied_once(serve):
     (status,) = client.status()
     assert (status.version, status.pushes_applied, status.pushes_duplicate) == (1, 2, 2)
     assert [s.version for s in status.steps] == [1]
+    # The shard's own figures: four pushes of 8 tensor bytes in, one pull of 8 out.
+    assert status.bytes_received > 4 * 8 and status.bytes_sent > 8
+    assert (status.updates_applied, status.pulls_waiting) == (1, 0)
+    assert status.apply_s > 0 and status.pushes_per_s > 0
+    (later,) = client.status(since_version=1)
+    assert list(later.steps) == [] and later.bytes_sent == status.bytes_sent
 
 
 def test_dead_shard_is_reported_with_its_address():

@@ -43,12 +43,16 @@ def test_the_table_says_who_is_down(tmp_path):
     figures.workers(10, [report(0, 10, 100.0), report(1, 10, 100.0)])
     workers = read_workers_file(str(tmp_path))
     now = workers["updated_at_s"]
-    up = [ShardState(0, "127.0.0.1:1", True, version=10, pushes_applied=20, at_s=now),
-          ShardState(1, "127.0.0.1:2", True, version=10, pushes_applied=20, at_s=now)]
-    before = [ShardState(k, s.address, True, pushes_applied=10, at_s=now - 2) for k, s in enumerate(up)]
+    up = [ShardState(k, f"127.0.0.1:{k + 1}", True, version=10, pushes_applied=20,
+                     pushes_per_s=5.0, bytes_received=9_000_000, bytes_sent=5_000_000,
+                     updates_applied=10, apply_s=0.05, pulls_waiting=1, at_s=now) for k in (0, 1)]
+    before = [ShardState(k, s.address, True, bytes_received=1_000_000, bytes_sent=1_000_000,
+                         updates_applied=5, apply_s=0.04, at_s=now - 2) for k, s in enumerate(up)]
     table, healthy = render("runs/x", up, workers, before, now)
-    assert healthy and "5.0" in table  # (20 - 10) pushes in 2 s
-    assert table.count(" alive ") == 2 and "/CPU:0" in table
+    assert healthy and table.count(" alive ") == 2 and "/CPU:0" in table
+    # pushes/s as the shard says; 8 MB in and 4 MB out in 2 s; 10 ms in 5 updates
+    for row in table.splitlines()[2:4]:
+        assert row.split()[3:] == ["10", "5.0", "20", "0", "0", "0.0", "4.0", "2.0", "2.00", "1"]
 
     down = [up[0], ShardState(1, "127.0.0.1:2", False, error="UNAVAILABLE", at_s=now)]
     table, healthy = render("runs/x", down, workers, None, now)

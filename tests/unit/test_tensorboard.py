@@ -1,12 +1,15 @@
-"""The TensorBoard observer on its own: what an evaluation writes, read back
-with TensorBoard's reader. A model that compiles no accuracy metric (a
-regression) still gets its test loss plotted, and no accuracy series."""
+"""The TensorBoard observer on its own: what an evaluation and the shards'
+replies write, read back with TensorBoard's reader. A model that compiles no
+accuracy metric (a regression) still gets its test loss plotted, and no
+accuracy series."""
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
+from towerps.cluster.observe import ShardFigures
 from towerps.cluster.tensorboard import TensorBoard
+from towerps.proto import towerps_pb2 as pb
 
 pytestmark = pytest.mark.unit
 
@@ -27,3 +30,34 @@ def test_an_evaluation_without_accuracy_writes_its_loss_only(tmp_path):
     series = _scalars(tmp_path)
     assert series["test/loss"] == [(7, 0.25), (9, 0.125)]
     assert series["test/accuracy"] == [(9, 0.5)]
+
+
+def test_each_shards_figures_are_plotted_from_its_status_replies(tmp_path):
+    board = TensorBoard(str(tmp_path))
+    for version, received, updates, apply_s in ((10, 1_000_000, 10, 0.01), (20, 3_000_000, 20, 0.03)):
+        board.shards(version, [pb.StatusReply(
+            shard_index=k, pushes_applied=2 * updates, pushes_per_s=4.0, pulls_waiting=k,
+            bytes_received=received, bytes_sent=received // 2, updates_applied=updates,
+            apply_s=apply_s) for k in (0, 1)])
+    board.close()
+    series = _scalars(tmp_path)
+    for k in (0, 1):
+        assert series[f"shards/{k}/pushes_per_s"] == [(10, 4.0), (20, 4.0)]
+        assert series[f"shards/{k}/pulls_waiting"] == [(10, k), (20, k)]
+        assert series[f"shards/{k}/apply_ms"] == [(20, pytest.approx(2.0))]  # 20 ms in 10 updates
+        (step, received), = series[f"shards/{k}/received_mb_per_s"]
+        (_, sent), = series[f"shards/{k}/sent_mb_per_s"]
+        assert step == 20 and received > 0 and sent == pytest.approx(received / 2)
+
+
+def test_shard_figures_are_rates_between_two_replies():
+    now = [0.0]
+    figures = ShardFigures(clock=lambda: now[0])
+    reply = pb.StatusReply(shard_index=3, pushes_per_s=1.5, pulls_waiting=2)
+    assert figures.update([reply]) == {3: {"pushes_per_s": 1.5, "pulls_waiting": 2}}
+    now[0] = 2.0
+    later = pb.StatusReply(shard_index=3, pushes_per_s=1.5, bytes_received=4_000_000,
+                           bytes_sent=2_000_000, updates_applied=4, apply_s=0.02)
+    assert figures.update([later])[3] == pytest.approx(
+        {"pushes_per_s": 1.5, "pulls_waiting": 0, "received_mb_per_s": 2.0,
+         "sent_mb_per_s": 1.0, "apply_ms": 5.0})
