@@ -17,6 +17,7 @@ interval doubles, so between `points` and 2 * points remain.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,15 +63,21 @@ def evaluate(
     """Every metric the compiled model reports, for every snapshot, in order;
     sets `tower`'s weights.
 
-    `x_test`, `y_test`: arrays (or nests), or a tf.data.Dataset of (x, y)
-    batches as `x_test` with `y_test` None. `examples_at(version)` is the
+    `x_test`, `y_test`: arrays (or nests); or, with `y_test` None, a
+    tf.data.Dataset of (x, y) batches, or a function that makes a generator
+    of them (called once per evaluation). `examples_at(version)` is the
     number of training examples behind a version.
     """
     curve = []
     for snap in snapshots:
         tower.set_weights(snap.params)
-        metrics = model.evaluate(x_test, y_test, batch_size=None if y_test is None else 1024,
-                                 verbose=0, return_dict=True)
+        x = x_test() if callable(x_test) else x_test  # a stream: a new pass each time
+        with warnings.catch_warnings():
+            # A stream of unknown length ends one pass by running out of data,
+            # which Keras reports as a UserWarning on every evaluation.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            metrics = model.evaluate(x, y_test, batch_size=None if y_test is None else 1024,
+                                     verbose=0, return_dict=True)
         metrics = {k: float(v) for k, v in metrics.items()}
         curve.append(Evaluation(
             version=snap.version,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from towerps.errors import ConfigError
 
 DATA_KINDS = ("arrays", "tf_data", "ray_data")
+VALIDATION_BATCH = 1024  # rows per batch of a streamed (Ray Data) validation set
 
 
 def resolve_ref(ref, flag: str) -> Callable:
@@ -81,7 +82,8 @@ class UserData:
     arrays:   train = (x, y), nests of numpy arrays
     tf_data:  train = factory(context) -> tf.data.Dataset of (x, y) batches
     ray_data: train = ray.data.Dataset with the `columns` (x, y)
-    validation: (x, y) arrays or a tf.data.Dataset of batches, evaluated on the driver.
+    validation: (x, y) arrays, a tf.data.Dataset of batches or a ray.data.Dataset
+    (streamed), evaluated on the driver.
     """
 
     kind: str
@@ -105,16 +107,19 @@ class UserData:
             "function context -> tf.data.Dataset of (x, y) batches, or a ray.data.Dataset")
 
     def test_data(self) -> tuple | None:
-        """The validation data as model.evaluate takes it: (x, y), or (dataset, None)."""
+        """The validation data as evaluation takes it: (x, y), (dataset, None),
+        or (a function making a fresh stream of (x, y) batches, None)."""
         validation = self.validation
         if validation is None:
             return None
         if type(validation).__module__.startswith("ray.data"):
-            # Evaluated on the driver: a validation set fits one process.
-            from towerps.workers.inputs import pick_columns
+            # Streamed through the driver batch by batch, a new pass at each
+            # evaluation: no process holds the whole validation set.
+            from towerps.workers.inputs import ray_data_batches
 
-            batch = validation.take_batch(validation.count(), batch_format="numpy")
-            return pick_columns(batch, self.columns[0]), pick_columns(batch, self.columns[1])
+            columns = self.columns
+            return (lambda: ray_data_batches(validation, VALIDATION_BATCH, columns,
+                                             drop_last=False)), None
         if isinstance(validation, (tuple, list)) and len(validation) == 2:
             return tuple(validation)
         if hasattr(validation, "as_numpy_iterator"):
@@ -174,3 +179,4 @@ class UserJob:
             return [TFDataInput(self.data.train)] * num_workers
         splits = self.data.train.streaming_split(num_workers, equal=True)
         return [RayDataInput(split, self.data.columns) for split in splits]
+

@@ -1,17 +1,22 @@
-"""Fashion-MNIST through Ray Data: the data set is split across the workers and
-streamed from the cluster, so no process needs to hold all of it.
+"""Fashion-MNIST through Ray Data: the data set is read by Ray Data's tasks,
+split across the workers and streamed, so no process holds all of it.
 
-    .venv/bin/python examples/fashion_mnist_ray_data.py
+    .venv/bin/python -m examples.fashion_mnist_ray_data
 
-`load_data()` returns a lazy `ray.data.Dataset` of rows {"x": image, "y":
-label}; here it is built from row ids whose blocks each read their own rows
-(a real job would `ray.data.read_parquet(...)` from shared storage). towerps
-splits it with `streaming_split(num_workers, equal=True)`; each worker
-iterates its split in per-worker batches. Ray Data needs sync mode without
-backup workers (its splits advance together). Under two minutes on 2 cores.
+`load_data()` returns lazy `ray.data.Dataset`s of rows {"x": image, "y":
+label} over the files examples/fashion_mnist_files.py writes: each read task
+opens only its own files (a real job would `ray.data.read_parquet(...)` from
+shared storage). towerps splits the training set with
+`streaming_split(num_workers, equal=True)`; each worker iterates its split in
+per-worker batches, and the driver streams the validation set to evaluate.
+Ray Data needs sync mode without backup workers (its splits advance
+together). Under two minutes on 2 cores.
 """
 
 import keras
+import numpy as np
+
+from examples.fashion_mnist_files import write_files
 
 
 def build_model():
@@ -30,29 +35,34 @@ def build_model():
     return model
 
 
-def _rows(batch: dict) -> dict:
-    """The images and labels of the row ids in `batch["id"]` (a Ray Data task)."""
-    from towerps.workers.data import load_fashion_mnist
+def _read(batch: dict) -> dict:
+    """The rows of the files named in `batch["path"]` (a Ray Data task)."""
+    parts = [np.load(path) for path in batch["path"]]
+    return {"x": np.concatenate([p["x"] for p in parts]).astype("float32"),
+            "y": np.concatenate([p["y"] for p in parts])}
 
-    data = load_fashion_mnist()
-    return {"x": data.x_train[batch["id"]].astype("float32"), "y": data.y_train[batch["id"]]}
 
-
-def load_data(num_rows: int = 60_000, seed: int = 0):
+def read_files(paths: list[str]):
+    """A lazy ray.data.Dataset of the rows of these files, one read task per file."""
     import ray
 
-    from towerps.workers.data import load_fashion_mnist
-
-    test = load_fashion_mnist()
-    train = (ray.data.range(num_rows, override_num_blocks=8)
-             .random_shuffle(seed=seed)
-             .map_batches(_rows, batch_size=4096))
-    return {"train": train, "validation": (test.x_test.astype("float32"), test.y_test)}
+    return ray.data.from_items([{"path": p} for p in paths]).map_batches(_read, batch_size=1)
 
 
-def main(steps: int = 300, run_dir: str | None = None, **options):
+def load_data(seed: int = 0):
+    files = write_files()
+    order = np.random.default_rng(seed).permutation(len(files["train"]))
+    return {"train": read_files([files["train"][i] for i in order]),
+            "validation": read_files(files["test"])}
+
+
+def main(steps: int = 1000, run_dir: str | None = None, **options):
+    import ray
+
     import towerps
 
+    if not ray.is_initialized():  # else Ray Data starts it with one CPU per core:
+        ray.init(num_cpus=6)      # 2 workers + 2 shards, and 2 for Ray Data's tasks
     data = load_data()
     result = towerps.fit(build_model, train=data["train"], validation=data["validation"],
                          num_workers=2, num_ps=2, batch_size=128, steps=steps, run_dir=run_dir,

@@ -26,7 +26,7 @@ import urllib.request
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -153,14 +153,15 @@ def load_dataset(name: str, data_dir: str | None = None, *, input_shape: tuple |
     return load_cifar10(data_dir, download=download)
 
 
-def load_fashion_mnist(data_dir: str | None = None, *, download: bool = True,
+def find_fashion_mnist(data_dir: str | None = None, *, download: bool = True,
                        base_url: str = FASHION_MNIST_URL,
                        system_dirs: Sequence[str | Path] | None = None,
-                       timeout_s: float = DOWNLOAD_TIMEOUT_S) -> DataSet:
-    """Fashion-MNIST from the first folder holding all four IDX files: data_dir,
-    data_dir/fashion-mnist, then `system_dirs` (default: Debian's package
-    dataset-fashion-mnist, then Keras' cache). Failing that, downloads the .gz
-    files from base_url into data_dir (default: Keras' cache)."""
+                       timeout_s: float = DOWNLOAD_TIMEOUT_S) -> list[Path]:
+    """The four Fashion-MNIST IDX files (FASHION_MNIST_FILES' order, .gz or not)
+    from the first folder holding all four: data_dir, data_dir/fashion-mnist,
+    then `system_dirs` (default: Debian's package dataset-fashion-mnist, then
+    Keras' cache). Failing that, downloads the .gz files from base_url into
+    data_dir (default: Keras' cache)."""
     keras_dir = Path.home() / ".keras" / "datasets" / "fashion-mnist"
     if system_dirs is None:
         system_dirs = (Path("/usr/share/datasets/fashion-mnist"), keras_dir)
@@ -179,6 +180,16 @@ def load_fashion_mnist(data_dir: str | None = None, *, download: bool = True,
                 f"files ({', '.join(FASHION_MNIST_FILES)}, .gz or not) in --data-dir, "
                 f"or use --dataset synthetic")
         paths = _fashion_paths(target)
+    return paths
+
+
+def load_fashion_mnist(data_dir: str | None = None, *, download: bool = True,
+                       base_url: str = FASHION_MNIST_URL,
+                       system_dirs: Sequence[str | Path] | None = None,
+                       timeout_s: float = DOWNLOAD_TIMEOUT_S) -> DataSet:
+    """Fashion-MNIST, read whole from the files `find_fashion_mnist` finds."""
+    paths = find_fashion_mnist(data_dir, download=download, base_url=base_url,
+                               system_dirs=system_dirs, timeout_s=timeout_s)
     images_magic = (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC) * 2
     x_train, y_train, x_test, y_test = (read_idx(p, m) for p, m in zip(paths, images_magic))
     for x, y, x_path, y_path in ((x_train, y_train, *paths[:2]), (x_test, y_test, *paths[2:])):
@@ -247,16 +258,41 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
         raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise BadTensor(f"{path}: not a whole gzip file ({err}); delete it and fetch it again") from err
+    dims, header = _idx_dims(path, raw, magic)
+    if len(raw) - header != math.prod(dims):
+        raise BadTensor(f"{path}: header promises dims {dims} = {math.prod(dims)} bytes but "
+                        f"{len(raw) - header} follow; the file is truncated or corrupt, fetch it again")
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+
+
+def read_idx_chunks(path: str | Path, magic: int, rows: int) -> Iterator[np.ndarray]:
+    """The IDX file `read_idx` reads, `rows` examples at a time: it is never
+    held whole. Yields uint8 arrays (at most `rows`, *dims[1:]), in file order."""
+    path = Path(path)
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            ndim = magic & 0xFF
+            dims, _ = _idx_dims(path, f.read(4 + 4 * ndim), magic)
+            per_row = math.prod(dims[1:])
+            for lo in range(0, dims[0], rows):
+                n = min(rows, dims[0] - lo)
+                raw = f.read(n * per_row)
+                if len(raw) != n * per_row:
+                    raise BadTensor(f"{path}: header promises {dims[0]} examples but the file "
+                                    f"ends within example {lo + len(raw) // per_row}; fetch it again")
+                yield np.frombuffer(raw, np.uint8).reshape(n, *dims[1:])
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise BadTensor(f"{path}: not a whole gzip file ({err}); delete it and fetch it again") from err
+
+
+def _idx_dims(path: Path, raw: bytes, magic: int) -> tuple[tuple[int, ...], int]:
+    """The dims an IDX file's header (at the start of `raw`) promises, and the header's size."""
     found = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
     ndim, header = magic & 0xFF, 4 + 4 * (magic & 0xFF)
     if found != magic or len(raw) < header:
         raise BadTensor(f"{path}: magic number {found} (file of {len(raw)} bytes), expected {magic}; "
                         f"not an IDX {'image' if magic == _IDX_IMAGES_MAGIC else 'label'} file")
-    dims = struct.unpack(f">{ndim}I", raw[4:header])
-    if len(raw) - header != math.prod(dims):
-        raise BadTensor(f"{path}: header promises dims {dims} = {math.prod(dims)} bytes but "
-                        f"{len(raw) - header} follow; the file is truncated or corrupt, fetch it again")
-    return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+    return struct.unpack(f">{ndim}I", raw[4:header]), header
 
 
 def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ its split of a Ray Data Dataset.
 
     context = WorkerContext(rank=1, num_workers=2, per_worker_batch_size=128, seed=0)
     data = StreamData(lambda: iter(factory(context)), context)       # tf.data
-    data = StreamData(lambda: ray_data_batches(split, context, ("x", "y")), context)
+    data = StreamData(lambda: ray_data_batches(split, 128, ("x", "y")), context)
 
 Every source has `train_batch(step, seed, batch_size, part)`, the call the
 worker loop makes (workers/data.py's DataSet has it too).
@@ -149,8 +149,8 @@ def open_input(source, context: WorkerContext):
     if isinstance(source, TFDataInput):
         return StreamData(lambda: tf_data_batches(source.factory, context), context)
     if isinstance(source, RayDataInput):
-        return StreamData(lambda: ray_data_batches(source.split, context, source.columns),
-                          context)
+        return StreamData(lambda: ray_data_batches(
+            source.split, context.per_worker_batch_size, source.columns), context)
     return ArrayData(*source)
 
 
@@ -163,14 +163,16 @@ def tf_data_batches(factory: Callable, context: WorkerContext) -> Iterator:
     return dataset.as_numpy_iterator()
 
 
-def ray_data_batches(split, context: WorkerContext, columns: Sequence) -> Iterator:
-    """One epoch of this worker's Ray Data split, as numpy (x, y) batches.
+def ray_data_batches(data, batch_size: int, columns: Sequence,
+                     drop_last: bool = True) -> Iterator:
+    """One pass over `data` (a worker's Ray Data split, or a Dataset), as numpy
+    (x, y) batches of `batch_size` rows (`drop_last`: whole batches only).
 
     `columns` = (x, y): a column name or a list of names (then a dict) each.
     """
     x_columns, y_columns = columns
-    for batch in split.iter_batches(batch_size=context.per_worker_batch_size,
-                                    batch_format="numpy", drop_last=True):
+    for batch in data.iter_batches(batch_size=batch_size, batch_format="numpy",
+                                   drop_last=drop_last):
         yield pick_columns(batch, x_columns), pick_columns(batch, y_columns)
 
 

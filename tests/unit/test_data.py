@@ -129,6 +129,22 @@ def test_malformed_idx_raises_bad_tensor_naming_the_file(tmp_path, damage):
         load_fashion_mnist(tmp_path, download=False, system_dirs=())
 
 
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_chunks_are_the_file_in_order_and_a_truncated_file_is_named(tmp_path, gz):
+    arrays = write_fashion(tmp_path, gz=gz, n_train=70)
+    name = "train-images-idx3-ubyte" + (".gz" if gz else "")
+    chunks = list(data.read_idx_chunks(tmp_path / name, 2051, rows=32))
+    assert [len(c) for c in chunks] == [32, 32, 6]
+    np.testing.assert_array_equal(np.concatenate(chunks), arrays["train-images-idx3-ubyte"])
+    raw = idx_bytes(arrays["train-images-idx3-ubyte"], 2051)[:-1]
+    (tmp_path / "short").write_bytes(raw)
+    with pytest.raises(BadTensor, match="short: header promises 70 examples.*within example 69"):
+        list(data.read_idx_chunks(tmp_path / "short", 2051, rows=32))
+    with pytest.raises(BadTensor, match="magic number 2049"):
+        labels = tmp_path / name.replace("images-idx3", "labels-idx1")
+        list(data.read_idx_chunks(labels, 2051, rows=32))
+
+
 def test_cifar_records_are_read_channel_major_into_hwc(cifar):
     ds, batches = cifar
     x1, y1 = batches["data_batch_1.bin"]
