@@ -117,6 +117,10 @@ class ShardActor:
         self._clocks = list(part.clocks)
         return version
 
+    def worker_position(self, rank: int) -> tuple[int, int]:
+        """Worker `rank`'s latest step pushed here and its clock (Shard.worker_position)."""
+        return self._shard.worker_position(rank)
+
     def ping(self) -> int:
         """The shard's version: any answer at all says the actor is alive."""
         return self._shard.version
@@ -207,7 +211,8 @@ class WorkerActor:
         towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                   wrap=faults.wrap_towers, loss=job.loss)
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials)
-        self._job, self._credentials = job, credentials  # for a redirect's new client
+        # A redirect's new client: the same credentials, the same test seams.
+        self._job, self._credentials, self._faults = job, credentials, faults
         self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers),
                               faults.wrap_client(self._rank, client))
         record = _node_record("worker", self._rank)
@@ -229,7 +234,7 @@ class WorkerActor:
 
         client = PSClient(list(target.addresses), self._job.plan, self._job.wire_dtype,
                           credentials=self._credentials)
-        self._worker.redirect(target, client)
+        self._worker.redirect(target, self._faults.wrap_client(self._rank, client))
 
     def progress(self):
         """The worker's figures so far (a WorkerReport), or None before setup."""

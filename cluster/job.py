@@ -37,7 +37,7 @@ from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
 from towerps.cluster.security import JobSecurity, write_cluster_json
 from towerps.cluster.supervisor import Supervisor
-from towerps.errors import ActorDied, TowerpsError
+from towerps.errors import ActorDied, ClusterError, TowerpsError
 from towerps.ps.placement import PlacementPlan
 from towerps.workers import PSClient, WorkerSpec
 from towerps.workers.faults import Faults
@@ -96,6 +96,7 @@ class Job:
         self._shard_checkpoints_spec: ShardCheckpoints | None = None  # what shards were given
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
+        self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
 
     @classmethod
     def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
@@ -158,6 +159,8 @@ class Job:
                         loss=user and user.loss)
         inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
         clip = payload.optimizer and payload.optimizer.global_clipnorm
+        # What a replacement of a dead worker is set up with (replace_worker).
+        self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
         records = get([w.setup.remote(worker_spec(c, r, clip), job, inputs[r],
                                       self.security.worker(r))
                        for r, w in enumerate(self.workers)])
@@ -218,6 +221,30 @@ class Job:
         self._write_placement()
         write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
                            self.addresses, self.security)
+
+    def replace_worker(self, rank: int) -> None:
+        """A new actor for dead worker `rank` in its placement bundle, set up like
+        the first (without the one-time test faults); blocks until it is ready
+        (it imports TensorFlow and builds its model: seconds). It does not run yet."""
+        job, inputs, clip, streamed = self._worker_setup
+        if streamed:
+            raise ClusterError(f"worker {rank} died, and a worker fed by a Ray Data stream "
+                               "cannot be replaced (its split's position is lost); run "
+                               "with arrays or a tf.data function to recover from it")
+        job = dataclasses.replace(job, addresses=self.addresses,
+                                  faults=job.faults.for_replacement())
+        actor = WorkerActor.options(**self.reservation.worker_options(rank)).remote(
+            rank, self.config.verbose)
+        self.workers[rank] = actor
+        record = get([actor.setup.remote(worker_spec(self.config, rank, clip), job,
+                                         inputs[rank], self.security.worker(rank))])[0]
+        self.records = [r for r in self.records if (r["role"], r["index"]) != ("worker", rank)]
+        self.records.append(record)
+        self._write_placement()
+
+    def worker_positions(self, rank: int) -> list[tuple[int, int]]:
+        """Per shard: worker `rank`'s latest step pushed there and its clock."""
+        return get([s.worker_position.remote(rank) for s in self.shards])
 
     def rollback_shards(self, version: int, skip: tuple[int, ...] = ()) -> None:
         """Every shard but `skip` goes back to its part of checkpoint `version`."""

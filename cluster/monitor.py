@@ -16,7 +16,8 @@ log_every * num_workers pushes in async/ssp), and one at the end.
 
 With a supervisor (cluster/supervisor.py; a job that takes checkpoints), a
 failed status call asks it to bring dead shards back, and watching goes on
-with a client to where the shards are now. After a rollback the shards make
+with a client to where the shards are now; a worker whose process died is
+replaced, and watching goes on with the replacement's `run` call. After a rollback the shards make
 the rolled-back versions again; the log goes on after the newest version
 already seen, so no step is counted twice.
 """
@@ -35,7 +36,7 @@ from tqdm import tqdm
 
 from towerps.cluster.evals import Snapshot, Snapshots
 from towerps.cluster.observe import Observer
-from towerps.errors import ClusterError, ShardUnavailable
+from towerps.errors import ActorDied, ClusterError, ShardUnavailable
 
 POLL_S = 0.25  # how often the driver reads the update log while workers run
 REPORT_S = 1.0  # how often it asks the workers for their figures
@@ -168,12 +169,17 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             if pending:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
                 for ref in ready:
+                    rank = pending.pop(ref)
                     try:
                         done[ref] = get([ref])[0]
+                    except ActorDied:
+                        observer.lost(rank)
+                        if supervisor is None:
+                            raise
+                        pending[supervisor.worker_lost(rank, seen)] = rank
                     except BaseException:
-                        observer.lost(pending[ref])
+                        observer.lost(rank)
                         raise
-                    del pending[ref]
             try:
                 replies = client.status(since_version=seen, logs_of=(0,))  # only its log is read
             except ShardUnavailable:

@@ -2,6 +2,7 @@
 
     supervisor = Supervisor(job)                  # a job that takes checkpoints
     client = supervisor.shards_failed(seen, client)   # the driver's status call failed
+    run_ref = supervisor.worker_lost(rank, seen)      # a worker's `run` call: actor died
 
 A shard's process that dies takes its actor with it: a call to the actor
 fails at once, and every gRPC call to its address fails. When the driver's
@@ -14,6 +15,22 @@ trains (workers/redirect.py). Steps after the checkpoint are trained again;
 in sync mode the replay computes exactly what was lost, so the run ends
 with the weights it would have had. Each recovery is recorded
 (summary.json's `recoveries`).
+
+A worker that dies is replaced by a new WorkerActor in its bundle, set up
+as the first was, which takes its rank. Where it starts comes from the
+shards' exactly-once tables (`Shard.worker_position`): what makes a push
+unique is (rank, step) in sync mode and (rank, clock: the count of global
+batches it pushed) in async and ssp. If every shard holds the same latest
+step and clock for the rank, its last push reached all of them or none:
+the replacement starts at the next step (sync: the step the others wait
+for; async/ssp: the next global batch by its clock), so nothing is pushed
+twice and nothing skipped. If they disagree, the worker died in the middle
+of a push that reached only some shards, and a shard may already have
+applied it; no push can make that whole, so every shard goes back to the
+latest complete checkpoint and every worker with it, as for a dead shard.
+(A push fully sent before the process died but read by its shard only
+after the positions were read would be missed by this check; Ray reports a
+death well after the process's sockets are closed.)
 
 Ray's own actor restart is not used: it re-runs only the constructor, and
 a shard's state lives in its checkpoint parts, not in its arguments.
@@ -69,7 +86,49 @@ class Supervisor:
         dead, newest = self.ping_shards()
         if not dead:
             return client  # the failure passed (a slow answer): ask again
-        seen = max(seen, newest)  # the driver's log may lag behind the shards
+        self._recover_shards(dead, max(seen, newest), noticed)
+        return self.job.client()
+
+    def worker_lost(self, rank: int, seen: int):
+        """Worker `rank`'s actor died: set a replacement up in its place, start
+        it where the shards say (rolling every shard back if its last push
+        reached only some of them) and return its `run` call's ObjectRef.
+
+        Blocks until the replacement is set up. Raises ClusterError when a
+        rollback is needed and there is no complete checkpoint.
+        """
+        noticed = time.time()
+        job = self.job
+        job.replace_worker(rank)
+        dead, newest = self.ping_shards()
+        seen = max(seen, newest)
+        if dead:  # a shard died too: its recovery takes every worker back
+            start = self._recover_shards(dead, seen, noticed)
+            rolled_back = True
+        else:
+            key = 0 if job.config.mode.aggregates else 1  # sync: last step; else: clock
+            positions = job.worker_positions(rank)
+            rolled_back = len({p[key] for p in positions}) > 1
+            if rolled_back:
+                start = self._latest_checkpoint(
+                    f"worker {rank} died in the middle of a push at version {seen}")
+                log.warning("worker %d died half-way through a push; every shard goes back "
+                            "to checkpoint %d", rank, start)
+                self._roll_back(start)
+            else:
+                last_step, clock = positions[0]
+                start = last_step + 1
+        steps = job.resumed_data_steps() if rolled_back else None
+        data_step = steps[rank] if steps else (None if job.config.mode.aggregates else clock)
+        ref = job.workers[rank].run.remote(start, data_step)
+        self.recoveries.append(Recovery("worker", rank, seen, start,
+                                        max(seen - start, 0) if rolled_back else 0,
+                                        noticed, time.time() - noticed))
+        return ref
+
+    def _recover_shards(self, dead: list[int], seen: int, noticed: float) -> int:
+        """Dead shards replaced from the latest complete checkpoint, every other
+        rolled back to it, the workers redirected; returns its version."""
         version = self._latest_checkpoint(f"shard(s) {dead} died at version {seen}")
         log.warning("shard(s) %s died at version %d; every shard goes back to checkpoint %d",
                     dead, seen, version)
@@ -79,7 +138,7 @@ class Supervisor:
         seconds = time.time() - noticed
         self.recoveries += [Recovery("ps", k, seen, version, max(seen - version, 0), noticed,
                                      seconds) for k in dead]
-        return self.job.client()
+        return version
 
     def _latest_checkpoint(self, what: str) -> int:
         job = self.job

@@ -375,6 +375,13 @@ class Shard:
                     "it and its parameters are unchanged"
                 )
 
+    def worker_position(self, worker_rank: int) -> tuple[int, int]:
+        """(the latest step `worker_rank` pushed here, its clock: the pushes of
+        it taken before the end). What a replacement of a dead worker starts
+        from; shards that disagree got only part of its last push."""
+        with self._lock:
+            return self._last_step[worker_rank], self._clocks[worker_rank]
+
     def may_proceed(self, worker_rank: int) -> bool:
         """Whether `worker_rank` may start its next step now (the ssp gate).
 

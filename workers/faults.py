@@ -87,7 +87,9 @@ class Faults:
     slow_worker: tuple[int, float] | None = None  # (rank, factor): that worker computes slower
     slow_tower: tuple[int, float] | None = None  # (index, factor): that tower of every worker
     holds: tuple[Hold, ...] = ()  # workers that stop before one push until released
-    die_in_push: tuple[int, int] | None = None  # (rank, step): pushes to shard 0 only, then dies
+    # (rank, step): that worker's first push of `step` or later reaches shard 0
+    # only, then its process kills itself (a crash in the middle of a push).
+    die_in_push: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, config) -> Faults:
@@ -136,8 +138,8 @@ class Faults:
 
 @dataclass(frozen=True)
 class Hold:
-    """Worker `rank` stops before its push of `step` until the file `release`
-    exists, after writing `release + ".held"` (so a test knows it is there and
+    """Worker `rank` stops before its first push of `step` or later until the
+    file `release` exists (at once if it does), after writing `release + ".held"` (so a test knows it is there and
     can, say, kill something meanwhile). Files: the test and the worker share a
     machine. Raises TimeoutError after `timeout_s`."""
 
@@ -157,18 +159,18 @@ class Hold:
 
 
 class FaultyClient:
-    """A PSClient whose pushes of chosen steps hold first (`holds`: step -> Hold)
-    or, at step `die_at`, reach shard 0 only before the process kills itself
-    (SIGKILL: no cleanup, as a crash). Everything else is the inner client's."""
+    """A PSClient whose first push at or after a hold's step holds first
+    (`holds`: step -> Hold), and whose first push at or after `die_at`
+    reaches shard 0 only before the process kills itself (SIGKILL: no
+    cleanup, as a crash). Everything else is the inner client's."""
 
     def __init__(self, inner, holds: dict[int, Hold], die_at: int | None = None):
-        self.inner, self.holds, self.die_at = inner, holds, die_at
+        self.inner, self.holds, self.die_at = inner, dict(holds), die_at
 
     def push(self, worker_rank, step, grads, num_examples, loss, shards=None):
-        hold = self.holds.pop(step, None)
-        if hold is not None:
-            hold.wait()
-        if step == self.die_at:
+        for at in sorted(s for s in self.holds if s <= step):
+            self.holds.pop(at).wait()
+        if self.die_at is not None and step >= self.die_at:
             self.inner.push(worker_rank, step, grads, num_examples, loss, shards=[0])
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.push(worker_rank, step, grads, num_examples, loss, shards)

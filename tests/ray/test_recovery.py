@@ -4,8 +4,10 @@ seed and 3 workers, so that the order of summation matters.
 
 Sync: a shard killed mid-run comes back from the latest complete checkpoint,
 the other shard is rolled back to it and the workers are redirected while
-they train; the run ends with the weights of the same run without the
-failure, bit for bit, and summary.json records the recovery.
+they train; a worker killed is replaced by a new actor that takes its rank;
+the run ends with the weights of the same run without the failures, bit
+for bit, and summary.json records each recovery. SSP (and async, which
+recovers the same way) completes with every global batch applied once.
 
 The moments are fixed by test seams (workers/faults.py), not by timing: a
 worker holds before one push until the test has done its killing.
@@ -16,16 +18,18 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from tests.ray.test_checkpoints import job, ray_cluster, weights_of  # noqa: F401 (fixture)
 from towerps.cluster import train
+from towerps.ps import Mode
 from towerps.workers.faults import Faults, Hold
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STEPS = 12  # checkpoints every 4 (test_checkpoints.job)
+STEPS = 16  # checkpoints every 4 (test_checkpoints.job)
 TIMEOUT_S = 600.0
 
 
@@ -65,28 +69,80 @@ class Background:
         return self.outcome["summary"]
 
 
-def test_a_killed_shard_comes_back_and_the_run_ends_as_without_the_failure(ray_cluster, tmp_path):
+def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_failures(
+        ray_cluster, tmp_path):
+    """One sync run, three failures, each at a moment a test seam fixes:
+    shard 1 SIGKILLed while worker 0 holds before step 6 (every shard back to
+    checkpoint 4); worker 2 dying in its push of step 9 after reaching shard 0
+    only (the shards disagree: back to the latest checkpoint); worker 1
+    SIGKILLed between steps, holding before step 13 (its replacement takes
+    rank 1 at step 13, nothing rolled back)."""
     clean = train(job(tmp_path / "clean", steps=STEPS), progress=False)
     assert clean.recoveries == []
 
     run_dir = tmp_path / "killed"
-    release = str(tmp_path / "release-6")
-    faults = Faults(holds=(Hold(rank=0, step=6, release=release),))
+    release_6, release_13 = str(tmp_path / "release-6"), str(tmp_path / "release-13")
+    faults = Faults(holds=(Hold(rank=0, step=6, release=release_6),
+                           Hold(rank=1, step=13, release=release_13)),
+                    die_in_push=(2, 9))
     run = Background(job(run_dir, steps=STEPS, faults=faults))
-    # Worker 0 holds before its push of step 6, after checkpoint 4 is complete.
-    wait_for_file(release + ".held")
+    wait_for_file(release_6 + ".held")
     wait_for_file(run_dir / "checkpoints" / "v0000000004" / "MANIFEST.json")
-    killed = pid_of(run_dir, "ps", 1)
-    os.kill(killed, signal.SIGKILL)
-    open(release, "w").close()
+    killed_shard = pid_of(run_dir, "ps", 1)
+    os.kill(killed_shard, signal.SIGKILL)
+    open(release_6, "w").close()
+    wait_for_file(release_13 + ".held")
+    killed_worker = pid_of(run_dir, "worker", 1)
+    os.kill(killed_worker, signal.SIGKILL)
     summary = run.result()
 
     assert summary.steps == STEPS
-    (recovery,) = summary.recoveries
-    assert (recovery.role, recovery.index, recovery.resumed_from) == ("ps", 1, 4)
-    assert recovery.died_at_version >= 4 and recovery.seconds > 0
-    assert recovery.steps_replayed == recovery.died_at_version - 4
-    assert pid_of(run_dir, "ps", 1) != killed
+    shard, half_push, between = summary.recoveries
+    assert (shard.role, shard.index, shard.resumed_from) == ("ps", 1, 4)
+    assert shard.died_at_version >= 5 and shard.steps_replayed == shard.died_at_version - 4
+    assert (half_push.role, half_push.index) == ("worker", 2)
+    assert half_push.resumed_from in (4, 8) and half_push.died_at_version >= 9
+    assert half_push.steps_replayed == half_push.died_at_version - half_push.resumed_from
+    assert (between.role, between.index, between.resumed_from, between.steps_replayed) == (
+        "worker", 1, 13, 0)
+    assert all(r.seconds > 0 for r in summary.recoveries)
+    assert pid_of(run_dir, "ps", 1) != killed_shard
+    assert pid_of(run_dir, "worker", 1) != killed_worker
+    # Counted over the final history: every global batch once, then the weights.
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [4, 8, 12, 16]
+    assert metrics[-1]["examples"] == summary.examples == STEPS * 96
     assert weights_of(run_dir / "model.keras") == weights_of(tmp_path / "clean" / "model.keras")
     on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["recoveries"][0]["role"] == "ps"
+    assert [r["role"] for r in on_disk["recoveries"]] == ["ps", "worker", "worker"]
+
+
+def test_ssp_recovers_a_worker_dying_in_a_push_and_a_killed_shard_without_a_batch_twice(
+        ray_cluster, tmp_path):
+    """SSP (async with a gate; async recovers alike) keys a worker's pushes by
+    its clock, the global batches it pushed: a worker dying in a push that
+    reached shard 0 only leaves the shards disagreeing on its clock, so every
+    shard goes back to a checkpoint, each worker to its clock there. The run
+    completes with each global batch applied once per worker; the weights are
+    not compared (the interleaving of pushes is new, as in any ssp run)."""
+    steps, workers = 8, 3
+    run_dir = tmp_path / "ssp"
+    release = str(tmp_path / "release")
+    faults = Faults(holds=(Hold(rank=0, step=15, release=release),), die_in_push=(2, 7))
+    # A checkpoint every 2 global batches: 6 versions, one per push.
+    config = replace(job(run_dir, steps=steps, mode=Mode("ssp", staleness=1), faults=faults),
+                     checkpoint_every=2)
+    run = Background(config)
+    wait_for_file(release + ".held")
+    wait_for_file(run_dir / "checkpoints" / "v0000000012" / "MANIFEST.json")
+    os.kill(pid_of(run_dir, "ps", 0), signal.SIGKILL)
+    open(release, "w").close()
+    summary = run.result()
+
+    assert summary.steps == steps * workers  # one version per push
+    half_push, shard = summary.recoveries
+    assert (half_push.role, half_push.index) == ("worker", 2)
+    assert half_push.resumed_from in (0, 6) and half_push.steps_replayed >= 1
+    assert (shard.role, shard.index) == ("ps", 0) and shard.resumed_from >= 12
+    # Over the final history every worker pushed each of its global batches once.
+    assert summary.examples == steps * 96

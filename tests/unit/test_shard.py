@@ -46,6 +46,17 @@ def test_repeated_push_is_applied_once():
     assert (stats.pushes_applied, stats.pushes_duplicate) == (2, 2)
 
 
+def test_a_worker_s_position_is_its_latest_step_and_clock_and_repeats_do_not_move_it():
+    shard = make_shard(num_workers=2)
+    assert shard.worker_position(0) == (-1, 0)  # nothing pushed yet
+    shard.push(0, 0, grads(1.0), 1)
+    shard.push(0, 0, grads(1.0), 1)  # a repeat: DUPLICATE, not counted
+    assert shard.worker_position(0) == (0, 1)
+    shard.push(1, 0, grads(1.0), 1)
+    shard.push(0, 1, grads(1.0), 1)
+    assert (shard.worker_position(0), shard.worker_position(1)) == ((1, 2), (0, 1))
+
+
 @pytest.mark.parametrize(
     "bad, error",
     [
