@@ -19,7 +19,8 @@ failed status call asks it to bring dead shards back, and watching goes on
 with a client to where the shards are now; a worker whose process died is
 replaced, and watching goes on with the replacement's `run` call. After a rollback the shards make
 the rolled-back versions again; the log goes on after the newest version
-already seen, so no step is counted twice.
+already seen, so no step is counted twice (and a replaced shard 0, whose
+log starts at the checkpoint, leaves none uncounted).
 """
 
 from __future__ import annotations
@@ -185,10 +186,16 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             except ShardUnavailable:
                 if supervisor is None:
                     raise
-                replaced = supervisor.shards_failed(seen, client)
-                if replaced is not client:
+                replaced, version = supervisor.shards_failed(seen, client)
+                if version is not None:
                     client = replaced
                     opened.append(client)
+                if version is not None and version > seen:
+                    # A new shard 0 starts its update log after the checkpoint:
+                    # the updates up to it count without their records.
+                    total += (version - seen) * config.batch_size // mode.updates_per_step(
+                        config.num_workers)
+                    seen = version
                 continue
             for record in replies[0].steps:
                 seen, last = record.version, record

@@ -1,7 +1,7 @@
 """The supervisor: the loop that watches a job, with one more job: keep its actors alive.
 
     supervisor = Supervisor(job)                  # a job that takes checkpoints
-    client = supervisor.shards_failed(seen, client)   # the driver's status call failed
+    client, version = supervisor.shards_failed(seen, client)  # the status call failed
     run_ref = supervisor.worker_lost(rank, seen)      # a worker's `run` call: actor died
 
 A shard's process that dies takes its actor with it: a call to the actor
@@ -74,10 +74,11 @@ class Supervisor:
                 pass  # alive but slow to answer: not dead
         return dead, newest
 
-    def shards_failed(self, seen: int, client):
+    def shards_failed(self, seen: int, client) -> tuple[object, int | None]:
         """The driver's call to the shards failed: bring dead shards back from
         the latest complete checkpoint; returns the client to use from now on
-        (a new one after a recovery, `client` if no shard is dead).
+        and the checkpoint's version (a new client and the version after a
+        recovery; `client` and None if no shard is dead).
 
         Blocks until every worker is redirected. Raises ClusterError when a
         shard is dead and there is no complete checkpoint to go back to.
@@ -85,9 +86,9 @@ class Supervisor:
         noticed = time.time()
         dead, newest = self.ping_shards()
         if not dead:
-            return client  # the failure passed (a slow answer): ask again
-        self._recover_shards(dead, max(seen, newest), noticed)
-        return self.job.client()
+            return client, None  # the failure passed (a slow answer): ask again
+        version = self._recover_shards(dead, max(seen, newest), noticed)
+        return self.job.client(), version
 
     def worker_lost(self, rank: int, seen: int):
         """Worker `rank`'s actor died: set a replacement up in its place, start
