@@ -160,9 +160,9 @@ class KerasOptimizer(Optimizer):
         self._optimizer.build(list(self._variables.values()))
 
     def state(self) -> dict[str, np.ndarray]:
-        """The Keras optimizer's variables (iterations, slots), keyed "NNNN/path" by
-        position: slot paths repeat across variables with the same short name."""
-        return {f"{i:04d}/{v.path}": np.array(v.numpy())
+        """The Keras optimizer's variables (iterations, slots), keyed "NNNN/name" by
+        position: slot names repeat across variables with the same short name."""
+        return {_state_key(i, v.path): np.array(v.numpy())
                 for i, v in enumerate(self._optimizer.variables)}
 
     def load_state(self, state: dict[str, np.ndarray], params: dict | None = None) -> None:
@@ -170,13 +170,14 @@ class KerasOptimizer(Optimizer):
         (the shard's variables) builds the slots first if no update has yet."""
         if params is not None:
             self._build(params)
+        state = {_state_key(*key.split("/", 1)): value for key, value in state.items()}
         mine = self.state()
         if set(state) != set(mine):
             raise BadTensor(f"optimizer state holds {sorted(state)[:4]}..., this {self.name} "
                             f"holds {sorted(mine)[:4]}...; was it saved by another optimizer "
                             "or model?")
         for i, variable in enumerate(self._optimizer.variables):
-            variable.assign(state[f"{i:04d}/{variable.path}"])
+            variable.assign(state[_state_key(i, variable.path)])
         self.iterations = int(self._optimizer.iterations.numpy())
 
     def __repr__(self) -> str:
@@ -191,6 +192,13 @@ def _checked(name, params, grad) -> np.ndarray:
         raise BadTensor(f"gradient {name!r} has shape {grad.shape}, variable has "
                         f"{params[name].shape}")
     return grad
+
+
+def _state_key(position, path: str) -> str:
+    """"NNNN/name" of an optimizer variable: its path without the optimizer's
+    own name, which Keras numbers per process ("adam_w_1/kernel_momentum" is
+    the second AdamW made there), so a restored shard's differs from the saver's."""
+    return f"{int(position):04d}/{path.partition('/')[2] or path}"
 
 
 def short_name(key: str) -> str:
