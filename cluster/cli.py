@@ -281,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(config, args)
         if args.resume is not None:
             from towerps.cluster.driver import resume_config
+            from towerps.cluster.user import resumed_job
 
-            summary = train(resume_config(args.resume, args.address, args.steps), resume=True)
+            config = resume_config(args.resume, args.address, args.steps)
+            summary = train(config, resume=True, user=resumed_job(config))
         else:
             if args.command == "train":
                 _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
@@ -327,11 +329,14 @@ def _write_job_file(args, parser, run_dir: str) -> None:
 def _train_own_model(args, parser):
     """--model module:function [--data module:function]: the user's model, as towerps.fit."""
     from towerps.cluster.api import fit_job
-    from towerps.cluster.user import UserData, UserJob, resolve_ref, ship_by_value
+    from towerps.cluster.user import UserJob, load_data, resolve_ref, ship_by_value
 
     if args.command != "train":
         raise TowerpsError("compare runs the built-in models only; train your model with "
                            "`towerps train --model module:function`")
+    if args.resume is not None:
+        raise TowerpsError(f"--resume {args.resume} trains the model and data its run saved: "
+                           "drop --model and --data")
     if args.lr is not None or args.optimizer != "adam":
         raise TowerpsError("--optimizer and --lr set the built-in models' optimizer; your "
                            "model trains with the optimizer it is compiled with: drop them")
@@ -340,12 +345,8 @@ def _train_own_model(args, parser):
     if not args.data:
         raise TowerpsError(f"--model {args.model} needs --data module:function giving its "
                            "training data")
-    load = resolve_ref(args.data, "--data")
-    loaded = load()
-    train, validation = (loaded.get("train"), loaded.get("validation")) \
-        if isinstance(loaded, dict) else (loaded, None)
-    data = UserData.of(train, validation)
-    ship_by_value(build, *([train] if data.kind == "tf_data" else []))
+    data = load_data(args.data)
+    ship_by_value(build, *([data.train] if data.kind == "tf_data" else []))
     run_dir = args.run_dir or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-model")
     _write_job_file(args, parser, run_dir)
     return fit_job(
@@ -353,7 +354,9 @@ def _train_own_model(args, parser):
         batch_size=args.batch_size, steps=args.steps, budget_s=args.budget_s, seed=args.seed,
         address=args.address, run_dir=run_dir, log_every=args.log_every,
         wire_dtype=args.wire_dtype, slow_worker=args.slow_worker, devices=_device_config(args),
-        dashboard=args.dashboard, verbose=args.verbose, **_mode_fields(args),
+        checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+        keep_checkpoints=args.keep_checkpoints, dashboard=args.dashboard, verbose=args.verbose,
+        **_mode_fields(args), **_security_fields(args),
     ).summary
 
 

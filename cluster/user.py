@@ -154,6 +154,15 @@ def ship_by_value(*functions) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
+def load_data(ref: str) -> UserData:
+    """The data `--data module:function` gives: the training data, or a dict
+    {"train": ..., "validation": ...}."""
+    loaded = resolve_ref(ref, "--data")()
+    if isinstance(loaded, dict):
+        return UserData.of(loaded.get("train"), loaded.get("validation"))
+    return UserData.of(loaded)
+
+
 @dataclass(frozen=True, eq=False)
 class UserJob:
     """The user's model and data, as the driver hands them to the actors."""
@@ -180,3 +189,38 @@ class UserJob:
         splits = self.data.train.streaming_split(num_workers, equal=True)
         return [RayDataInput(split, self.data.columns) for split in splits]
 
+
+def resumed_job(config) -> UserJob | None:
+    """The user's model and data of a saved run (`towerps train --resume`),
+    imported again from its --model and --data references; None for a
+    built-in model. Raises ConfigError before anything starts when the run
+    cannot go on as the uninterrupted one would:
+
+    - its data came from towerps.fit, not from a --data function: nothing
+      can load it again;
+    - it trained on a stream (a tf.data factory, a Ray Data set): where each
+      worker's stream stood is not in the checkpoint, so a resumed run would
+      train on other batches. Only (x, y) arrays, whose global batch is a
+      function of (seed, step), resume exactly.
+    """
+    if config.model_fn is None:
+        return None
+    if config.data_fn is None:
+        raise ConfigError(
+            f"the run in {config.run_dir} trained data handed to towerps.fit, which --resume "
+            "cannot load again; resume runs started with `towerps train --model module:function "
+            "--data module:function`")
+    if config.dataset != "arrays":
+        raise ConfigError(
+            f"the run in {config.run_dir} trained on a {config.dataset.replace('_', '.')} "
+            f"stream ({config.data_fn}): where each worker's stream stood is not in the "
+            "checkpoint, so it cannot resume as it would have gone on; only (x, y) arrays "
+            "resume. Start a new run instead")
+    build = resolve_ref(config.model_fn, "--model")
+    data = load_data(config.data_fn)
+    if data.kind != "arrays":
+        raise ConfigError(f"--data {config.data_fn} now gives a {data.kind.replace('_', '.')} "
+                          "stream, but the run trained on (x, y) arrays; resume it with the "
+                          "data it trained on")
+    ship_by_value(build)
+    return UserJob(build, data)

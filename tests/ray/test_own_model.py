@@ -1,5 +1,6 @@
 """A user's own models train through the CLI (`--model module:function`) and the
-API, and the resolved job written into the run directory repeats the run.
+API; the resolved job written into the run directory repeats the run, and
+`--resume` of such a run ends as the uninterrupted one.
 
     .venv/bin/python -m pytest tests/ray/test_own_model.py
 """
@@ -24,28 +25,37 @@ def losses(run_dir):
     return [json.loads(line)["loss"] for line in lines]
 
 
-def test_a_regression_model_trains_through_the_cli_and_its_job_file_repeats_it(
+def test_the_regression_example_trains_through_the_cli_and_a_resumed_run_ends_as_the_whole_one(
         ray_cluster, tmp_path, capsys):
-    run = tmp_path / "cli"
-    code = main(["train", "--model", "tests.models.own:regression",
-                 "--data", "tests.models.own:regression_data", "--num-workers", "2",
-                 "--num-ps", "2", "--batch-size", "64", "--steps", "40", "--log-every", "10",
-                 "--run-dir", str(run)])
+    """examples/regression.py (AdamW with a schedule: Keras' optimizer on the
+    shards) through `--model`/`--data`; its job file, stopped early and then
+    resumed from its checkpoint, ends with the whole run's weights, bit for bit."""
+    whole = tmp_path / "whole"
+    code = main(["train", "--model", "examples.regression:build_model",
+                 "--data", "examples.regression:load_data", "--num-workers", "2",
+                 "--num-ps", "2", "--batch-size", "128", "--steps", "40", "--log-every", "5",
+                 "--checkpoint-every", "10", "--run-dir", str(whole)])
     assert code == 0
     assert "test loss" in capsys.readouterr().out
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["optimizer"] == "sgd"  # Keras SGD, constant rate: the numpy fast path
-    assert summary["config"]["model_fn"] == "tests.models.own:regression"
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["optimizer"] == "AdamW"
+    assert summary["config"]["model_fn"] == "examples.regression:build_model"
     assert summary["test_accuracy"] is None and set(summary["test_metrics"]) == {"loss", "mae"}
-    assert losses(run)[-1] < losses(run)[0] / 2
-    job = yaml.safe_load((run / "job.yaml").read_text())
-    assert job["model"] == "tests.models.own:regression" and job["steps"] == 40
-    # The job file alone repeats the run: the same weights, bit for bit.
+    assert losses(whole)[-1] < losses(whole)[0] / 2
+    job = yaml.safe_load((whole / "job.yaml").read_text())
+    assert job["model"] == "examples.regression:build_model" and job["steps"] == 40
+
+    # The job file repeats the run; stopped at step 25 (its last checkpoint: 20)
+    # and resumed, it goes on from step 20 to 40.
     job["run_dir"] = str(tmp_path / "again")
     (tmp_path / "again.yaml").write_text(yaml.safe_dump(job))
-    assert main(["train", "--config", str(tmp_path / "again.yaml")]) == 0
-    first, second = (keras.models.load_model(d / "model.keras") for d in (run, tmp_path / "again"))
-    for a, b in zip(first.weights, second.weights):
+    assert main(["train", "--config", str(tmp_path / "again.yaml"), "--steps", "25"]) == 0
+    assert main(["train", "--resume", str(tmp_path / "again"), "--steps", "40"]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["checkpoints"]["resumed_from"] == 20 and again["steps"] == 40
+    assert losses(tmp_path / "again") == losses(whole)  # metrics.jsonl goes on from step 20
+    first, second = (keras.models.load_model(d / "model.keras") for d in (whole, tmp_path / "again"))
+    for a, b in zip(first.weights, second.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 

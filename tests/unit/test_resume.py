@@ -1,8 +1,13 @@
-"""`--resume` reads the run's saved configuration; no Ray: it fails before any actor starts."""
+"""`--resume` reads the run's saved configuration; no Ray: it fails before any actor starts,
+and a run of a model of one's own that cannot go on exactly is refused, naming why."""
+
+import re
 
 import pytest
+import ray
 
 from towerps.cluster import TrainConfig, train
+from towerps.cluster.cli import main
 from towerps.cluster.driver import resume_config
 from towerps.errors import CheckpointError, ConfigError
 from towerps.workers.devices import DeviceConfig
@@ -34,3 +39,24 @@ def test_resuming_a_run_without_a_complete_checkpoint_fails_before_any_actor(tmp
     (tmp_path / "checkpoints" / "v0000000002").mkdir(parents=True)  # a part never came
     with pytest.raises(CheckpointError, match="checkpoints: no complete checkpoint"):
         train(resume_config(str(tmp_path)), resume=True, progress=False)
+
+
+@pytest.mark.parametrize("dataset, data_fn, words", [
+    ("tf_data", "tests.models.own:stream", "trained on a tf.data stream \\(tests.models.own:stream\\): "
+     "where each worker's stream stood is not in the checkpoint"),
+    ("ray_data", "tests.models.own:rows", "trained on a ray.data stream"),
+    ("arrays", None, "trained data handed to towerps.fit, which --resume cannot load again"),
+])
+def test_a_run_of_a_model_of_ones_own_that_cannot_resume_exactly_is_refused_naming_why(
+        tmp_path, capsys, dataset, data_fn, words):
+    TrainConfig(dataset=dataset, model_fn="tests.models.own:regression", data_fn=data_fn,
+                steps=4, checkpoint_every=2, run_dir=str(tmp_path)).save(str(tmp_path))
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert re.search(words, capsys.readouterr().err)
+    assert not ray.is_initialized()
+
+
+def test_resume_takes_the_model_from_the_run_not_from_flags(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path), "--model", "tests.models.own:regression",
+                 "--data", "tests.models.own:regression_data"]) == 2
+    assert "drop --model and --data" in capsys.readouterr().err
