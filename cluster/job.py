@@ -202,9 +202,11 @@ class Job:
         return list(self.resumed_data_steps() or [None] * self.config.num_workers)
 
     def client(self) -> PSClient:
-        """The driver's client to the shards where they are now."""
+        """The driver's client to the shards where they are now. Two attempts
+        per call: a dead shard's refused connection reaches the supervisor in
+        a tenth of a second rather than after the default four (1.4 s)."""
         return PSClient(list(self.addresses), self.plan, self.config.wire_dtype,
-                        credentials=self.security.driver)
+                        max_attempts=2, backoff_s=0.05, credentials=self.security.driver)
 
     # -- recovery: the supervisor's hands (cluster/supervisor.py) -------------
 

@@ -106,9 +106,10 @@ class Faults:
         )
 
     def for_replacement(self) -> Faults:
-        """What a worker started in a dead one's place installs: the slowdowns,
-        not the one-time holds and deaths (a process dies once)."""
-        return dataclasses.replace(self, holds=(), die_in_push=None)
+        """What a worker started in a dead one's place installs: all but the
+        death (a process dies once). Holds stay: one killed while it held
+        holds again in its replacement, until the test releases it."""
+        return dataclasses.replace(self, die_in_push=None)
 
     def wrap_client(self, rank: int, client):
         """Worker `rank`'s PSClient, wrapped if a hold or death names the rank."""
