@@ -186,16 +186,16 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             except ShardUnavailable:
                 if supervisor is None:
                     raise
-                replaced, version = supervisor.shards_failed(seen, client)
-                if version is not None:
-                    client = replaced
+                back = supervisor.shards_failed(seen, client)
+                if back.version is not None:
+                    client = back.client
                     opened.append(client)
-                if version is not None and version > seen:
+                if 0 in back.replaced and back.version > seen:
                     # A new shard 0 starts its update log after the checkpoint:
                     # the updates up to it count without their records.
-                    total += (version - seen) * config.batch_size // mode.updates_per_step(
+                    total += (back.version - seen) * config.batch_size // mode.updates_per_step(
                         config.num_workers)
-                    seen = version
+                    seen = back.version
                 continue
             for record in replies[0].steps:
                 seen, last = record.version, record

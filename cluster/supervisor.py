@@ -1,7 +1,7 @@
 """The supervisor: the loop that watches a job, with one more job: keep its actors alive.
 
     supervisor = Supervisor(job)                  # a job that takes checkpoints
-    client, version = supervisor.shards_failed(seen, client)  # the status call failed
+    back = supervisor.shards_failed(seen, client)  # the status call failed: ShardsBack
     run_ref = supervisor.worker_lost(rank, seen)      # a worker's `run` call: actor died
 
 A shard's process that dies takes its actor with it: a call to the actor
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import ray
 
@@ -50,6 +51,15 @@ from towerps.workers.redirect import Redirect
 
 log = logging.getLogger("towerps")
 PING_TIMEOUT_S = 30.0  # a live shard actor answers a ping within this, however busy
+
+
+@dataclass(frozen=True)
+class ShardsBack:
+    """What `Supervisor.shards_failed` did."""
+
+    client: object  # the driver's PSClient from now on (a new one after a recovery)
+    version: int | None = None  # the checkpoint every shard went back to; None: none dead
+    replaced: tuple[int, ...] = ()  # the shards started anew (their update logs start empty)
 
 
 class Supervisor:
@@ -74,11 +84,9 @@ class Supervisor:
                 pass  # alive but slow to answer: not dead
         return dead, newest
 
-    def shards_failed(self, seen: int, client) -> tuple[object, int | None]:
+    def shards_failed(self, seen: int, client) -> ShardsBack:
         """The driver's call to the shards failed: bring dead shards back from
-        the latest complete checkpoint; returns the client to use from now on
-        and the checkpoint's version (a new client and the version after a
-        recovery; `client` and None if no shard is dead).
+        the latest complete checkpoint (ShardsBack(client) if none is dead).
 
         Blocks until every worker is redirected. Raises ClusterError when a
         shard is dead and there is no complete checkpoint to go back to.
@@ -86,9 +94,9 @@ class Supervisor:
         noticed = time.time()
         dead, newest = self.ping_shards()
         if not dead:
-            return client, None  # the failure passed (a slow answer): ask again
+            return ShardsBack(client)  # the failure passed (a slow answer): ask again
         version = self._recover_shards(dead, max(seen, newest), noticed)
-        return self.job.client(), version
+        return ShardsBack(self.job.client(), version, tuple(dead))
 
     def worker_lost(self, rank: int, seen: int):
         """Worker `rank`'s actor died: set a replacement up in its place, start
