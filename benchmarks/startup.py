@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/startup.py            # -> benchmarks/results/startup.json
     .venv/bin/python benchmarks/startup.py --tiny     # what the test suite runs
     .venv/bin/towerps bench startup
+    # before/after: rounds alternate between git revision REV and this checkout,
+    # and --rounds-from adds the rounds of an earlier result (short runs, one file)
+    .venv/bin/python benchmarks/startup.py --before REV --rounds 1 --out /tmp/s1.json
+    .venv/bin/python benchmarks/startup.py --before REV --rounds 1 --rounds-from /tmp/s1.json
 
 Each round runs the real command line in a fresh process, as a user does:
 
@@ -16,18 +20,24 @@ Each round runs the real command line in a fresh process, as a user does:
              moment training starts (`train_started_at_s` in summary.json),
              which also counts Python, imports, the data set and the model.
 
-Figures are medians over rounds. The machine is shared: compare a before
-and an after measured in the same session, not absolute seconds.
+Figures are medians over rounds, each round noting the 1-minute load
+average before it. The machine is shared: compare a before and an after
+measured in the same session, interleaved, not absolute seconds. With
+`--before REV` each round runs REV's towerps (exported from this checkout's
+git, laid out as a wheel installs it, first on PYTHONPATH) and then this
+checkout's, and the figures hold both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,30 +52,57 @@ def add_flags(parser) -> None:
     add("--steps", type=int, default=20, help="training steps of each run")
     add("--dataset", default="auto",
         help="auto: fashion_mnist where it is found without downloading, else synthetic")
+    add("--before", default=None, metavar="REV",
+        help="a git revision of this checkout to measure in alternate rounds")
+    add("--rounds-from", nargs="*", default=[], metavar="JSON",
+        help="earlier results of this benchmark whose rounds count too")
 
 
 def towerps_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "towerps.cluster.cli", *args]
 
 
-def bad_flag_s() -> float:
+def child_env(code: str | None) -> dict:
+    """The children's environment; `code`: a towerps folder to import instead."""
+    env = common.child_env()
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join([code, env["PYTHONPATH"]])
+    return env
+
+
+def export_revision(rev: str, into: str) -> str:
+    """`rev`'s towerps as a wheel lays it out (src/towerps with the role
+    folders inside) under `into`; returns the folder to put on PYTHONPATH."""
+    tree = Path(into, "tree")
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(common.REPO_ROOT), "archive", rev],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    package = Path(into, "code", "towerps")
+    shutil.copytree(tree / "src" / "towerps", package)
+    for part in ("ps", "workers", "cluster", "proto"):
+        shutil.copytree(tree / part, package / part)
+    return str(package.parent)
+
+
+def bad_flag_s(code: str | None = None) -> float:
     """Seconds from spawning `towerps train` with a bad batch size to its exit."""
     t0 = time.time()
     done = subprocess.run(towerps_command(["train", "--batch-size", "127", "--num-workers", "2"]),
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=common.child_env())
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=child_env(code))
     elapsed = time.time() - t0
     if done.returncode != 2:
         raise RuntimeError(f"a bad --batch-size exited {done.returncode}, not 2: {done.stderr[-2000:]}")
     return elapsed
 
 
-def train_once(dataset: str, steps: int, run_dir: str) -> dict:
+def train_once(dataset: str, steps: int, run_dir: str, code: str | None = None) -> dict:
     """One real `towerps train`: its start-up figures, from summary.json."""
     flags = ["train", "--dataset", dataset, "--num-workers", "2", "--num-ps", "2",
              "--batch-size", "64", "--steps", str(steps), "--run-dir", run_dir, "--no-download"]
     t0 = time.time()
     done = subprocess.run(towerps_command(flags), capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=common.child_env())
+                          timeout=TIMEOUT_S, env=child_env(code))
     process_s = time.time() - t0
     if done.returncode != 0:
         raise RuntimeError(f"towerps train exited {done.returncode}: {done.stderr[-4000:]}")
@@ -92,6 +129,17 @@ def pick_dataset(choice: str) -> str:
         return "synthetic"
 
 
+def one_round(dataset: str, steps: int, run_dir: str, code: str | None, label: str) -> dict:
+    load = os.getloadavg()[0]
+    return {"code": label, "load_avg_1m": load, "bad_flag_s": bad_flag_s(code),
+            **train_once(dataset, steps, run_dir, code)}
+
+
+def medians(rounds: list[dict]) -> dict:
+    return {key: common.median(r[key] for r in rounds)
+            for key in ("bad_flag_s", "startup_s", "to_first_step_s", "process_s")}
+
+
 def main(argv=None) -> dict:
     args = common.parse_args("startup", __doc__, argv, add_flags)
     if args.tiny:
@@ -99,22 +147,37 @@ def main(argv=None) -> dict:
     budget = common.Budget(args.budget_s)
     dataset = pick_dataset(args.dataset)
     rounds = []
+    for path in args.rounds_from:
+        with open(path) as f:
+            rounds += json.load(f)["figures"]["rounds"]
+    head = subprocess.run(["git", "-C", str(common.REPO_ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    codes = [(None, f"after ({head})")]
+    done = 0
     with tempfile.TemporaryDirectory() as tmp:
+        if args.before is not None:
+            codes.insert(0, (export_revision(args.before, tmp), f"before ({args.before})"))
         for r in range(args.rounds):
-            if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
+            if done and not budget.allows(budget.elapsed_s() / done):
                 break
-            run = train_once(dataset, args.steps, os.path.join(tmp, f"r{r}"))
-            rounds.append({"bad_flag_s": bad_flag_s(), **run})
-    figures = {key: common.median(r[key] for r in rounds)
-               for key in ("bad_flag_s", "startup_s", "to_first_step_s", "process_s")}
+            for k, (code, label) in enumerate(codes):
+                run_dir = os.path.join(tmp, f"r{r}-{k}")
+                rounds.append(one_round(dataset, args.steps, run_dir, code, label))
+            done += 1
+    by_code = {}
+    for r in rounds:
+        by_code.setdefault(r.get("code", "after"), []).append(r)
+    figures = {label: {**medians(rs), "rounds": len(rs)} for label, rs in by_code.items()}
     figures["rounds"] = rounds
-    summary = (f"bad flag refused in {figures['bad_flag_s']:.1f} s; startup_s "
-               f"{figures['startup_s']:.1f} s, first step {figures['to_first_step_s']:.1f} s after "
-               f"the command (2 workers, 2 shards, {dataset}; median of {len(rounds)})")
+    summary = "; ".join(
+        f"{label}: startup_s {f['startup_s']:.1f} s, first step {f['to_first_step_s']:.1f} s, "
+        f"bad flag {f['bad_flag_s']:.1f} s" for label, f in figures.items() if label != "rounds")
     return common.write_result(
-        args, budget=budget, summary=summary,
+        args, budget=budget,
+        summary=f"{summary} (2 workers, 2 shards, {dataset}; medians of interleaved rounds)",
         inputs={"dataset": dataset, "steps": args.steps, "num_workers": 2, "num_ps": 2,
-                "batch_size": 64, "rounds_asked": args.rounds},
+                "batch_size": 64, "rounds_asked": args.rounds, "before": args.before,
+                "rounds_from": args.rounds_from},
         figures=figures,
     )
 

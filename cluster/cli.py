@@ -273,8 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             **_mode_fields(args),
             **_security_fields(args),
         )
-        # Flags are checked: only now load TensorFlow (seconds), quietly.
-        import_tensorflow(args.verbose)
+        # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
         from towerps.cluster.driver import train
 
         if args.command == "compare":

@@ -8,7 +8,9 @@
  1. prepare   load the data set, build the model (a built-in one, or the
               user's: cluster/user.py) and plan which shard holds which
               variable, here: a bad flag, a missing data set, a model without
-              a loss fails now, before Ray or any actor starts;
+              a loss fails now, before Ray or any actor starts; a built-in
+              model whose placement cannot fail is built (TensorFlow
+              imported) on a thread while Ray starts (_Building);
  2. start     put the variables on the shards, start the shard and worker
               actors and set them up (cluster/job.py);
  3. run       run the workers while watching the shards' update log for the
@@ -33,10 +35,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from towerps import __version__
@@ -45,6 +48,7 @@ from towerps.cluster.config import TrainConfig
 from towerps.cluster.evals import Snapshot, evaluate
 from towerps.cluster.interrupts import StopRequest
 from towerps.cluster.job import Job, Payload, Trained
+from towerps.cluster.logs import import_tensorflow
 from towerps.cluster.metrics import RayMetrics
 from towerps.cluster.observe import Observers, WorkersFile
 from towerps.cluster.placement import fit_to_cluster
@@ -52,12 +56,15 @@ from towerps.cluster.session import ray_session
 from towerps.cluster.summary import (
     CheckpointSummary, Evaluation, RunSummary, Staleness, WorkerTime,
 )
-from towerps.cluster.tensorboard import TensorBoard
 from towerps.cluster.user import UserJob
 from towerps.errors import ConfigError
+from towerps.workers.catalog import NUM_VARIABLES
 from towerps.ps.placement import PlacementPlan, plan_placement
-from towerps.workers import Tower, build_model, load_dataset
-from towerps.workers.models import compile_model, model_input_shape
+
+if TYPE_CHECKING:  # TensorFlow loads on a thread while Ray starts (_Preparing)
+    import keras
+
+    from towerps.workers import Tower
 
 # Local mode with a Ray Data set: logical CPUs left free for its read and map tasks,
 # so the job never waits for CPUs its own actors hold.
@@ -96,14 +103,19 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
            stop: StopRequest) -> tuple[RunSummary, keras.Model]:
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     resume_version = latest_checkpoint(config, run_dir) if resume else None
-    prepared = prepare(config) if user is None else prepare_user(config, user)
-    if user is not None:  # the summary names the optimizer the model compiled with
+    if user is not None:
+        prepared = prepare_user(config, user)
+        # The summary names the optimizer the model compiled with.
         config = replace(config, optimizer=prepared.optimizer.name, lr=prepared.optimizer.lr)
+        building = _Built(prepared)
+    else:
+        building = _build_while_ray_starts(config, load_data(config))
     spare = RAY_DATA_CPUS if user is not None and user.data.kind == "ray_data" else 0
     t_start = time.time()
-    with ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
-                     verbose=config.verbose, dashboard=config.dashboard):
+    with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
+                               verbose=config.verbose, dashboard=config.dashboard):
         stop.take_over()  # ray.init installed its own SIGTERM handler
+        prepared = building.result()
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
         if spare:
             _check_cpus_left_for_ray_data(config)
@@ -131,9 +143,76 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     return summary, prepared.model
 
 
+class _Built:
+    """A Prepared that is ready (the model was built before Ray started)."""
+
+    def __init__(self, prepared: Prepared):
+        self._prepared = prepared
+
+    def result(self) -> Prepared:
+        return self._prepared
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class _Building(_Built):
+    """`build` on a thread from entering the block: the driver's TensorFlow
+    import and its model take seconds, and so does starting Ray, which the
+    main thread does meanwhile (ray.init, like signal handling, belongs to
+    the main thread). `result()` blocks until done and re-raises build's
+    error; leaving the block waits for the thread, so a run stopped during
+    start-up never exits with TensorFlow half loaded."""
+
+    def __init__(self, config: TrainConfig, dataset):
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._prepared = None
+        self._thread = threading.Thread(target=self._build, args=(config, dataset),
+                                        name="towerps-build", daemon=True)
+
+    def _build(self, config: TrainConfig, dataset) -> None:
+        try:
+            import_tensorflow(config.verbose)  # its start-up lines are noise
+            self._prepared = build(config, dataset)
+        except BaseException as err:  # handed to the main thread by result()
+            self._error = err
+        finally:
+            self._done.set()
+
+    def result(self) -> Prepared:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._prepared
+
+    def __enter__(self) -> _Building:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.wait()
+
+
+def _build_while_ray_starts(config: TrainConfig, dataset) -> _Built:
+    """The built-in model, built on a thread while Ray starts when nothing in
+    the build can refuse the configuration: with no more shards than the
+    model has variables, its placement always succeeds (slicing rows only
+    adds pieces). Otherwise built now, so that the error comes before Ray."""
+    if config.num_ps is not None and config.num_ps <= NUM_VARIABLES[config.model_name]:
+        return _Building(config, dataset)
+    import_tensorflow(config.verbose)
+    return _Built(build(config, dataset))
+
+
 def observe(job: Job) -> Observers:
     """Who watches the run: TensorBoard event files and workers.json (for
     `towerps status`) in the run directory, and Ray metrics."""
+    from towerps.cluster.tensorboard import TensorBoard
+
     return Observers([
         TensorBoard(job.run_dir),
         RayMetrics(run=os.path.basename(os.path.abspath(job.run_dir))),
@@ -190,16 +269,25 @@ class Prepared:
                        self.user)
 
 
-def prepare(config: TrainConfig) -> Prepared:
-    """Load the data set (downloading where allowed), build the model and plan
-    its placement on the shards. No Ray: bad input fails here, before it starts."""
-    dataset = load_dataset(
+def load_data(config: TrainConfig):
+    """The run's data set (a DataSet), downloading where allowed;
+    DataSetNotFound names where to get it. No TensorFlow, no Ray."""
+    from towerps.workers.catalog import model_input_shape
+    from towerps.workers.data import load_dataset
+
+    return load_dataset(
         config.dataset,
         config.data_dir,
         input_shape=model_input_shape(config.model_name),
         download=config.download,
         seed=config.seed,
     )
+
+
+def build(config: TrainConfig, dataset) -> Prepared:
+    """The built-in model on `dataset` and its placement (imports TensorFlow)."""
+    from towerps.workers import Tower, build_model
+
     model = build_model(config.model_name, dataset.input_shape, dataset.num_classes, config.seed,
                         input_scale=dataset.input_scale)
     tower = Tower(model)
@@ -211,6 +299,7 @@ def prepare(config: TrainConfig) -> Prepared:
 def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
     """Build the user's model here and check it, its optimizer and data. No Ray."""
     from towerps.cluster.user import check_model
+    from towerps.workers import Tower
     from towerps.ps.keras_optimizer import optimizer_spec
 
     model = check_model(user.build_model, user.loss)
@@ -251,6 +340,8 @@ def evaluate_run(config: TrainConfig, prepared: Prepared, trained: Trained) -> l
 def save(prepared: Prepared, trained: Trained, summary: RunSummary) -> None:
     """model.keras (the final parameters, compiled with the run's optimizer, so
     `fit` goes on as trained) and summary.json into the run directory."""
+    from towerps.workers.models import compile_model
+
     prepared.tower.set_weights(trained.params)
     if prepared.user is None:  # the user's model keeps the compile() it came with
         compile_model(prepared.model, summary.optimizer, summary.lr)

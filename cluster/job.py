@@ -39,7 +39,7 @@ from towerps.cluster.security import JobSecurity, write_cluster_json
 from towerps.cluster.supervisor import Supervisor
 from towerps.errors import ActorDied, ClusterError, TowerpsError
 from towerps.ps.placement import PlacementPlan
-from towerps.workers import PSClient, WorkerSpec
+from towerps.workers import PSClient
 from towerps.workers.faults import Faults
 
 FINAL_PULL_TIMEOUT_S = 60.0
@@ -293,7 +293,11 @@ class Job:
         self.stop()
 
 
-def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = None) -> WorkerSpec:
+def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = None):
+    """Worker `rank`'s WorkerSpec (imported here: workers/worker.py loads
+    TensorFlow, which the driver's module does not import)."""
+    from towerps.workers import WorkerSpec
+
     return WorkerSpec(
         rank=rank,
         num_workers=config.num_workers,

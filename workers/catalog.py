@@ -16,6 +16,9 @@ DEFAULT_MODEL = {"fashion_mnist": "mlp", "cifar10": "cifar10_cnn", "synthetic": 
 
 # Models whose layer sizes (and parameter count) assume one input shape.
 FIXED_INPUT_SHAPE = {"cifar10_cnn": (24, 24, 3)}
+# The variables each model holds, whatever its input (tests/unit/test_models.py
+# checks them): up to this many shards, placing it never leaves one empty.
+NUM_VARIABLES = {"mlp": 6, "cnn": 8, "cifar10_cnn": 10}
 
 
 def check_model_name(name: str) -> None:

@@ -36,6 +36,17 @@ def test_cifar10_cnn_has_the_tutorials_parameter_count():
     assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 1_068_298
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_the_catalog_knows_how_many_variables_each_model_holds(name):
+    from towerps.workers import Tower
+    from towerps.workers.catalog import NUM_VARIABLES
+
+    other_input = [] if name == "cifar10_cnn" else [(32, 32, 3)]  # only its own input fits
+    for shape in [SHAPES[name], *other_input]:
+        model = build_model(name, shape, num_classes=10, seed=0)
+        assert len(Tower(model).get_weights()) == NUM_VARIABLES[name]
+
+
 def test_cifar10_cnn_uses_the_tutorials_initial_biases():
     model = build_model("cifar10_cnn", (24, 24, 3), num_classes=10, seed=0)
     biases = {v.path: v.numpy() for v in model.trainable_variables if v.path.endswith("bias")}
