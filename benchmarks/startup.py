@@ -24,8 +24,9 @@ Figures are medians over rounds, each round noting the 1-minute load
 average before it. The machine is shared: compare a before and an after
 measured in the same session, interleaved, not absolute seconds. With
 `--before REV` each round runs REV's towerps (exported from this checkout's
-git, laid out as a wheel installs it, first on PYTHONPATH) and then this
-checkout's, and the figures hold both.
+git, laid out as a wheel installs it, first on PYTHONPATH) and this
+checkout's, which goes first alternating from round to round; the figures
+hold both.
 """
 
 from __future__ import annotations
@@ -160,7 +161,9 @@ def main(argv=None) -> dict:
         for r in range(args.rounds):
             if done and not budget.allows(budget.elapsed_s() / done):
                 break
-            for k, (code, label) in enumerate(codes):
+            # Alternate which goes first: a shared machine's load drifts.
+            order = codes if (len(rounds) // len(codes)) % 2 == 0 else codes[::-1]
+            for k, (code, label) in enumerate(order):
                 run_dir = os.path.join(tmp, f"r{r}-{k}")
                 rounds.append(one_round(dataset, args.steps, run_dir, code, label))
             done += 1
