@@ -130,10 +130,11 @@ def pick_dataset(choice: str) -> str:
         return "synthetic"
 
 
-def one_round(dataset: str, steps: int, run_dir: str, code: str | None, label: str) -> dict:
+def one_round(dataset: str, steps: int, run_dir: str, code: str | None, label: str,
+              revision: str) -> dict:
     load = os.getloadavg()[0]
-    return {"code": label, "load_avg_1m": load, "bad_flag_s": bad_flag_s(code),
-            **train_once(dataset, steps, run_dir, code)}
+    return {"code": label, "revision": revision, "load_avg_1m": load,
+            "bad_flag_s": bad_flag_s(code), **train_once(dataset, steps, run_dir, code)}
 
 
 def medians(rounds: list[dict]) -> dict:
@@ -153,19 +154,19 @@ def main(argv=None) -> dict:
             rounds += json.load(f)["figures"]["rounds"]
     head = subprocess.run(["git", "-C", str(common.REPO_ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
-    codes = [(None, f"after ({head})")]
+    codes = [(None, "after", head)]
     done = 0
     with tempfile.TemporaryDirectory() as tmp:
         if args.before is not None:
-            codes.insert(0, (export_revision(args.before, tmp), f"before ({args.before})"))
+            codes.insert(0, (export_revision(args.before, tmp), "before", args.before))
         for r in range(args.rounds):
             if done and not budget.allows(budget.elapsed_s() / done):
                 break
             # Alternate which goes first: a shared machine's load drifts.
             order = codes if (len(rounds) // len(codes)) % 2 == 0 else codes[::-1]
-            for k, (code, label) in enumerate(order):
+            for k, (code, label, revision) in enumerate(order):
                 run_dir = os.path.join(tmp, f"r{r}-{k}")
-                rounds.append(one_round(dataset, args.steps, run_dir, code, label))
+                rounds.append(one_round(dataset, args.steps, run_dir, code, label, revision))
             done += 1
     by_code = {}
     for r in rounds:
