@@ -28,10 +28,11 @@ state (the last writer wins); a push that is dropped changes nothing.
 
 Hostile input changes nothing: a push with a NaN or infinite value or
 loss, more examples than the global batch (`max_examples`), a rank outside
-0..N-1 or tensors unlike the variables raises BadTensor/BadRequest and is
-counted as rejected; parameters never become NaN from a push. A worker
-whose own gradient is not finite and whose mode says `nonfinite="skip-step"`
-calls `skip` instead of `push` on every shard, so every shard skips alike.
+0..N-1 or tensors unlike the variables raises BadTensor/BadRequest
+(ps/checks.py) and is counted as rejected; parameters never become NaN
+from a push. A worker whose own gradient is not finite and whose mode says
+`nonfinite="skip-step"` calls `skip` instead of `push` on every shard, so
+every shard skips alike.
 Every wait (`pull`, `wait_turn`) also ends when its caller's call ends: the
 servicer passes an Event it sets when the RPC terminates, then calls `wake`.
 
@@ -53,7 +54,6 @@ from many threads at once.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -63,9 +63,10 @@ from enum import Enum
 import numpy as np
 
 from towerps.errors import (
-    BadRequest, BadTensor, CheckpointError, NotFinite, PullTimeout, ShardUnavailable, StepMismatch,
+    BadRequest, CheckpointError, NotFinite, PullTimeout, ShardUnavailable, StepMismatch,
 )
 from towerps.ps.aggregation import StepBuffer
+from towerps.ps.checks import PushRules
 from towerps.ps.checkpoint import ShardState
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
@@ -134,7 +135,7 @@ class Shard:
         self._lock = threading.Condition()
         self._version = 0
         self._end = _NO_END if end_version is None else end_version
-        self._max_examples = max_examples
+        self._rules = PushRules(index, num_workers, self.specs, max_examples)
         self._skipping: set[int] = set()  # sync: ranks that reported the step as skipped
         self._closed = False
         self._stats = ShardStats()  # counters; the update log and push rate beside them
@@ -194,7 +195,8 @@ class Shard:
         ssp gate is `wait_turn`, called after).
         """
         with self._lock:
-            self._refuse_bad(self._check_push, worker_rank, step, grads, num_examples, loss)
+            self._refuse_bad(self._rules.push, self._version, worker_rank, step, grads,
+                             num_examples, loss)
             answered = self._admit(worker_rank, step)
             if answered is not None:
                 return answered
@@ -215,7 +217,8 @@ class Shard:
         update and counts on the worker's clock. Idempotent like `push`.
         """
         with self._lock:
-            self._refuse_bad(self._check_skip, worker_rank, step)
+            self._refuse_bad(self._rules.skip, self._version, worker_rank, step,
+                             self.mode.nonfinite)
             answered = self._admit(worker_rank, step)
             if answered is not None:
                 return answered
@@ -249,21 +252,14 @@ class Shard:
         return None
 
     def _refuse_bad(self, check, *args) -> None:
-        """Run `check`; count a refusal (BadRequest, StepMismatch) and re-raise it."""
+        """Run `check` (ps/checks.py); count a refusal (BadRequest, StepMismatch)
+        and re-raise it."""
         try:
             check(*args)
         except (BadRequest, StepMismatch) as err:
             self._stats.pushes_rejected += 1
             self._stats.pushes_nonfinite += isinstance(err, NotFinite)
             raise
-
-    def _check_skip(self, worker_rank: int, step: int) -> None:
-        if self.mode.nonfinite != "skip-step":
-            raise BadRequest(
-                f"shard {self.index}: worker {worker_rank} asked to skip step {step}, but "
-                f"this run's --nonfinite is {self.mode.nonfinite}"
-            )
-        self._check_rank_and_step(worker_rank, step)
 
     def _advance_without_update(self, staleness: int) -> None:
         """A version with no optimizer update (skip-step). Caller holds the lock."""
@@ -327,53 +323,6 @@ class Shard:
             state = self._export()
             self._checkpoint_sink(state, time.perf_counter() - t0)
         self._lock.notify_all()
-
-    def _check_push(self, worker_rank, step, grads, num_examples, loss) -> None:
-        self._check_rank_and_step(worker_rank, step)
-        if num_examples < 1:
-            raise BadTensor(f"num_examples must be at least 1, got {num_examples}")
-        if self._max_examples is not None and num_examples > self._max_examples:
-            raise BadRequest(
-                f"num_examples {num_examples} is more than the global batch of "
-                f"{self._max_examples}; a push carries at most one global batch"
-            )
-        if not math.isfinite(loss):
-            raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")
-        self._check_tensors(grads)
-
-    def _check_rank_and_step(self, worker_rank, step) -> None:
-        if not 0 <= worker_rank < self.num_workers:
-            raise BadTensor(  # BadTensor, as callers have always caught
-                f"worker_rank {worker_rank} is outside 0..{self.num_workers - 1}"
-            )
-        if step < 0:
-            raise BadRequest(f"step {step} is negative; steps count versions from 0")
-        if step > self._version:
-            raise StepMismatch(
-                f"shard {self.index}: push for step {step} but the shard is at "
-                f"version {self._version}; pull version {step} before pushing for it"
-            )
-
-    def _check_tensors(self, grads) -> None:
-        if set(grads) != set(self.specs):
-            missing = sorted(set(self.specs) - set(grads))
-            unknown = sorted(set(grads) - set(self.specs))
-            raise BadTensor(
-                f"shard {self.index}: a push must cover exactly its variables and state; "
-                f"missing {missing}, not held here {unknown}"
-            )
-        for name, grad in grads.items():
-            spec = self.specs[name]
-            if tuple(grad.shape) != spec.shape or grad.dtype != spec.dtype:
-                raise BadTensor(
-                    f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
-                    f"expected dtype {spec.dtype} shape {spec.shape}"
-                )
-            if not np.isfinite(grad).all():
-                raise NotFinite(
-                    f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
-                    "it and its parameters are unchanged"
-                )
 
     def worker_position(self, worker_rank: int) -> tuple[int, int]:
         """(the latest step `worker_rank` pushed here, its clock: the pushes of

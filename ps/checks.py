@@ -1,0 +1,88 @@
+"""What a push (or a skip report) must be before a shard takes it.
+
+    rules = PushRules(index=0, num_workers=2, specs=shard.specs, max_examples=128)
+    rules.push(version, worker_rank, step, grads, num_examples, loss)  # raises, or returns
+    rules.skip(version, worker_rank, step, nonfinite="skip-step")
+
+Each check raises BadTensor, BadRequest, NotFinite or StepMismatch naming the
+value and the fix, and changes nothing: the Shard calls them, with its lock
+held, before it touches any state, and counts the refusal (ps/shard.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from towerps.errors import BadRequest, BadTensor, NotFinite, StepMismatch
+from towerps.wire import TensorSpec
+
+
+@dataclass(frozen=True)
+class PushRules:
+    index: int  # the shard's, for the messages
+    num_workers: int  # ranks 0..num_workers-1 may push
+    specs: Mapping[str, TensorSpec]  # exactly these tensors, of these dtypes and shapes
+    max_examples: int | None = None  # a push carries at most one global batch; None: no bound
+
+    def push(self, version: int, worker_rank: int, step: int, grads: Mapping[str, np.ndarray],
+             num_examples: int, loss: float) -> None:
+        """A push for `step` at a shard holding `version`."""
+        self.rank_and_step(version, worker_rank, step)
+        if num_examples < 1:
+            raise BadTensor(f"num_examples must be at least 1, got {num_examples}")
+        if self.max_examples is not None and num_examples > self.max_examples:
+            raise BadRequest(
+                f"num_examples {num_examples} is more than the global batch of "
+                f"{self.max_examples}; a push carries at most one global batch"
+            )
+        if not math.isfinite(loss):
+            raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")
+        self.tensors(grads)
+
+    def skip(self, version: int, worker_rank: int, step: int, nonfinite: str) -> None:
+        """A report that the gradient of `step` was not finite (Shard.skip)."""
+        if nonfinite != "skip-step":
+            raise BadRequest(
+                f"shard {self.index}: worker {worker_rank} asked to skip step {step}, but "
+                f"this run's --nonfinite is {nonfinite}"
+            )
+        self.rank_and_step(version, worker_rank, step)
+
+    def rank_and_step(self, version: int, worker_rank: int, step: int) -> None:
+        if not 0 <= worker_rank < self.num_workers:
+            raise BadTensor(  # BadTensor, as callers have always caught
+                f"worker_rank {worker_rank} is outside 0..{self.num_workers - 1}"
+            )
+        if step < 0:
+            raise BadRequest(f"step {step} is negative; steps count versions from 0")
+        if step > version:
+            raise StepMismatch(
+                f"shard {self.index}: push for step {step} but the shard is at "
+                f"version {version}; pull version {step} before pushing for it"
+            )
+
+    def tensors(self, grads: Mapping[str, np.ndarray]) -> None:
+        """Exactly the shard's tensors, each of its dtype and shape, all finite."""
+        if set(grads) != set(self.specs):
+            missing = sorted(set(self.specs) - set(grads))
+            unknown = sorted(set(grads) - set(self.specs))
+            raise BadTensor(
+                f"shard {self.index}: a push must cover exactly its variables and state; "
+                f"missing {missing}, not held here {unknown}"
+            )
+        for name, grad in grads.items():
+            spec = self.specs[name]
+            if tuple(grad.shape) != spec.shape or grad.dtype != spec.dtype:
+                raise BadTensor(
+                    f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
+                    f"expected dtype {spec.dtype} shape {spec.shape}"
+                )
+            if not np.isfinite(grad).all():
+                raise NotFinite(
+                    f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
+                    "it and its parameters are unchanged"
+                )
