@@ -49,8 +49,11 @@ def read_files(paths: list[str]):
                 yield part["x"], part["y"]
 
     spec = (tf.TensorSpec((None, 28, 28, 1), tf.uint8), tf.TensorSpec((None,), tf.int32))
-    return (tf.data.Dataset.from_generator(parts, output_signature=spec).unbatch()
-            .map(lambda x, y: (tf.cast(x, tf.float32), y)))
+    return tf.data.Dataset.from_generator(parts, output_signature=spec).unbatch()
+
+
+def as_float(x, y):
+    return tf.cast(x, tf.float32), y  # mapped on whole batches: one op per batch, not per row
 
 
 def make_dataset(context):
@@ -60,13 +63,14 @@ def make_dataset(context):
     return (read_files(mine)
             .shuffle(10_000, seed=context.seed)
             .batch(context.per_worker_batch_size, drop_remainder=True)
+            .map(as_float)
             .prefetch(2))
 
 
 def main(steps: int = 1000, run_dir: str | None = None, **options):
     import towerps
 
-    validation = read_files(write_files()["test"]).batch(1000)
+    validation = read_files(write_files()["test"]).batch(1000).map(as_float)
     result = towerps.fit(build_model, train=make_dataset, validation=validation, num_workers=2,
                          num_ps=2, batch_size=128, steps=steps, run_dir=run_dir, **options)
     print("test metrics:", {k: round(v, 4) for k, v in result.test_metrics.items()})
