@@ -102,3 +102,14 @@ def test_dead_shard_is_reported_with_its_address():
     with PSClient([f"127.0.0.1:{port}"], plan, max_attempts=2, backoff_s=0.01) as client:
         with pytest.raises(ShardUnavailable, match=f"shard 0 at 127.0.0.1:{port} failed with UNAVAILABLE"):
             client.pull(min_version=0, timeout_s=1.0)
+
+
+def test_the_driver_reads_one_shards_update_log_and_the_others_counters(serve):
+    client = serve({"w": np.zeros(2, np.float32), "b": np.zeros(3, np.float32)}, num_shards=2)
+    for step in range(3):
+        client.push(0, step, {"w": np.ones(2, np.float32), "b": np.ones(3, np.float32)}, 1, 0.5)
+    replies = client.status(since_version=1, logs_of=(0,))
+    assert [r.version for r in replies[0].steps] == [2, 3]
+    assert list(replies[1].steps) == [] and replies[1].version == 3
+    assert replies[1].pushes_applied == 3  # its counters all the same
+    assert [len(r.steps) for r in client.status()] == [3, 3]
