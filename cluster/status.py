@@ -113,7 +113,9 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     `before`: the previous reading, for the traffic and apply time since."""
     finished = bool(workers and workers.get("finished"))
     silent = bool(workers) and not finished and now_s - workers["updated_at_s"] > SILENT_S
-    lines = [f"run {run_dir}" + ("  (finished)" if finished else "")]
+    died = [w["rank"] for w in (workers or {}).get("workers", []) if not w.get("alive", False)]
+    ended = f"  (ended: worker {', '.join(map(str, died))} died)" if died else "  (finished)"
+    lines = [f"run {run_dir}" + (ended if finished else "")]
     lines += _shard_rows(shards, {s.index: s for s in before or []})
     healthy = all(s.up for s in shards) or finished
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"

@@ -73,7 +73,7 @@ def test_a_finished_run_is_down_only_if_a_worker_died(tmp_path):
     figures.lost(1)
     figures.close()
     table, healthy = render("runs/x", gone, read_workers_file(str(tmp_path)), None, 1e12)
-    assert not healthy and table.count(" done ") == 1
+    assert not healthy and table.count(" done ") == 1 and "(ended: worker 1 died)" in table
     assert [line.split()[0] for line in table.splitlines() if " dead " in line] == ["1"]
 
 
