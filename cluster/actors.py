@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import ray
 
+LOOPBACK = "127.0.0.1"
+
 
 def worker_resources(config) -> dict[str, float]:
     """The Ray resources of one worker actor (and of its placement bundle).
@@ -29,6 +31,19 @@ def worker_resources(config) -> dict[str, float]:
 def actor_options(resources: dict[str, float]) -> dict:
     """`actor.options(**...)` for a worker_resources() dict."""
     return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0)}
+
+
+def alive_nodes() -> int:
+    """How many nodes the Ray cluster has now."""
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def shard_host() -> str:
+    """The address a shard's gRPC server binds: loopback when the Ray cluster
+    is one node, so a one-machine job opens no port to the network (and
+    `--tls auto` leaves TLS off for the same reason: cluster/security.py);
+    the node's address otherwise, where workers on other nodes reach it."""
+    return LOOPBACK if alive_nodes() == 1 else ray.util.get_node_ip_address()
 
 
 def _node_record(role: str, index: int) -> dict:
@@ -95,7 +110,7 @@ class ShardActor:
             self._checkpoints = checkpoints
             self._writer = PartWriter(checkpoints.store, checkpoints.num_shards)
             self._shard.take_checkpoints(checkpoints.every, self._writer)
-        host = ray.util.get_node_ip_address()
+        host = shard_host()
         # Each worker may hold a Push and a waiting Pull at once.
         self._server, port = create_server(
             self._shard, f"{host}:0", ShardLimits().for_workers(num_workers), credentials

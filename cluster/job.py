@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
-from towerps.cluster.actors import ShardActor, ShardCheckpoints, WorkerActor, WorkerJob
+from towerps.cluster.actors import (ShardActor, ShardCheckpoints, WorkerActor, WorkerJob,
+                                    alive_nodes)
 from towerps.cluster.checkpoints import CheckpointPlan, start_sink
 from towerps.cluster.config import TrainConfig
 from towerps.cluster.monitor import WatchResult, watch
@@ -113,7 +114,7 @@ class Job:
         try:
             os.makedirs(run_dir, exist_ok=True)
             job.resume_version = resume_version
-            job.security = JobSecurity.create(config, run_dir, num_nodes=_alive_nodes())
+            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes())
             job._start_shards(plan.split(payload.initial), payload)
             write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
                                job.addresses, job.security)
@@ -311,10 +312,6 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
         # With checkpoints a dead shard comes back (cluster/supervisor.py): wait for it.
         recovery_wait_s=config.pull_timeout_s if config.checkpoint_every else 0.0,
     )
-
-
-def _alive_nodes() -> int:
-    return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
 def get(refs: list) -> list:
