@@ -4,7 +4,7 @@
 
 Ray exports metrics recorded in any of its processes through each node's
 metrics agent, in Prometheus' text format (`ray metrics launch-prometheus`,
-or a scrape of the node's metrics export port; docs/observe.md). Every
+or a scrape of the node's metrics export port; README.md, "Watching a run"). Every
 series is a gauge tagged with the run's name (`run`), and with `worker` or
 `shard` where it is per component:
 
