@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
 from towerps.cluster.security import JobSecurity, write_cluster_json
 from towerps.cluster.supervisor import Supervisor
-from towerps.errors import ActorDied, ClusterError, TowerpsError
+from towerps.errors import ActorDied, ActorFailed, ClusterError, TowerpsError
 from towerps.ps.placement import PlacementPlan
 from towerps.workers import PSClient
 from towerps.workers.faults import Faults
@@ -315,15 +316,31 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
 
 
 def get(refs: list) -> list:
-    """ray.get that re-raises a towerps error from an actor as itself."""
+    """ray.get that re-raises a towerps error from an actor as itself, and
+    any other error raised in an actor (the user's model, loss or data, say)
+    as an ActorFailed naming it and where it was raised: one line for the
+    user, whatever Ray's own logs show."""
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as err:
         if isinstance(err.cause, TowerpsError):
             raise err.cause from None
-        raise
+        raise ActorFailed(_one_line(err)) from err
     except ray.exceptions.RayActorError as err:
         raise ActorDied(f"an actor of this job died: {err}") from None
+
+
+def _one_line(err: ray.exceptions.RayTaskError) -> str:
+    """`WorkerActor.setup raised RuntimeError: ... (at tests/models/own.py, line 60,
+    in fails_in_workers)`: the call, the error, and the innermost frame of
+    the actor's traceback (the user's code, when the user's code raised)."""
+    text = str(err)
+    call = re.search(r"ray::([\w.]+)\(", text)  # Ray's first line names the call
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith('File "')]
+    at = " (at " + frames[-1].removeprefix("File ").replace('"', "") + ")" if frames else ""
+    cause = err.cause
+    what = f"{type(cause).__name__}: {cause}" if cause is not None else text.splitlines()[0]
+    return f"{call.group(1) if call else 'an actor'} raised {what}{at}"
 
 
 def _stop_quietly(actor) -> None:

@@ -58,5 +58,9 @@ class ActorDied(ClusterError):
     """A job's actor is gone: its process died or its node was lost."""
 
 
+class ActorFailed(ClusterError):
+    """Code in a job's actor raised an error that is not towerps' own."""
+
+
 class CheckpointError(TowerpsError):
     """A checkpoint is missing, incomplete, or not one towerps wrote."""

@@ -49,3 +49,13 @@ def returns_none():
 
 def uncompiled():
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+
+def fails_in_workers():
+    """`regression` on the driver; inside a worker actor it raises, as a model
+    too large for a worker's GPU would."""
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        raise RuntimeError("out of memory building the model (raised in a worker)")
+    return regression()
