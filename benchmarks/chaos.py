@@ -9,7 +9,8 @@ one in which, every `--interval-s` seconds, the process of a shard or a
 worker (in turn; which one drawn from `--seed`) is killed with SIGKILL. The
 supervisor (cluster/supervisor.py) brings each back inside the job. A kill
 waits for the previous recovery (its victim's new pid in placement.json),
-so recoveries do not overlap. So that the job cannot end before the last
+and for training to go on after it (a checkpoint completed since), so
+recoveries do not overlap. So that the job cannot end before the last
 kill, worker 0 holds before the last step until the kills are done (a test
 seam, workers/faults.py); the time it sat there is left out of the wall time.
 
@@ -19,6 +20,12 @@ redirected), and to the next step applied after that (`kill_to_next_step_s`,
 from metrics.jsonl, logged every step), and the steps replayed after a
 rollback. Then the wall time against the clean run, the final test accuracy
 of both, and whether the final weights are equal bit for bit.
+
+Not run by the test suite: its --tiny run, which kills a worker seconds
+after a shard, did not finish in several attempts on the shared 2-core
+machine (the driver still waiting after the worker's SIGKILL; the cause is
+not found yet). tests/ray/test_recovery.py kills at moments fixed by test
+seams and passes.
 """
 
 from __future__ import annotations
@@ -107,8 +114,24 @@ def inflict(args, run_dir: str, thread: threading.Thread, release: str) -> tuple
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: placement.pid(role, index) not in (pid, None) or not thread.is_alive(),
                    600, f"the recovery of {role} {index}")
+        replaced_at = time.time()
+        wait_until(lambda: progressed_since(run_dir, release, replaced_at)
+                   or not thread.is_alive(), 600, f"training after the recovery of {role} {index}")
     open(release, "w").close()
     return kills, time.time()
+
+
+def progressed_since(run_dir: str, release: str, t: float) -> bool:
+    """Whether training went on after time `t`: a checkpoint completed since (or
+    worker 0 holds at the end). A new actor's pid is in
+    placement.json before the recovery has redirected every worker; a kill
+    only comes once training goes on (one in the middle of a recovery is
+    not what this benchmark measures)."""
+    if os.path.exists(release + ".held"):
+        return True  # at the end: nothing goes on until the hold is released
+    folder = os.path.join(run_dir, "checkpoints")
+    marks = [os.path.join(folder, v, "MANIFEST.json") for v in os.listdir(folder)]
+    return any(os.path.exists(m) and os.path.getmtime(m) > t for m in marks)
 
 
 def per_kill(kills: list, recoveries: list, metrics: list[dict], t_train: float) -> list[dict]:
