@@ -25,6 +25,8 @@ died is down for good, so a run that failed on it exits 1 after its end too.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -172,10 +174,11 @@ def status(run_dir: str, token_file: str | None = None, watch: bool = False,
     out = out or (lambda text: print(text, flush=True))
     run_dir = os.path.expanduser(run_dir)
     reader = ShardReader(*read_cluster_json(run_dir, token_file))
+    stop = _ctrl_c_sets() if watch else threading.Event()
     try:
         before = reader.ask()
-        while True:
-            time.sleep(interval_s if watch else min(interval_s, 1.0))  # a pushes/s needs two readings
+        # A pushes/s needs two readings; with --watch, Ctrl-C ends the wait.
+        while not stop.wait(interval_s if watch else min(interval_s, 1.0)):
             shards = reader.ask()
             table, healthy = render(run_dir, shards, read_workers_file(run_dir), before, time.time())
             out(table)
@@ -183,5 +186,19 @@ def status(run_dir: str, token_file: str | None = None, watch: bool = False,
                 return 0 if healthy else 1
             before = shards
             out("")
+        return 0  # --watch ended by Ctrl-C
     finally:
         reader.close()
+
+
+def _ctrl_c_sets() -> threading.Event:
+    """An Event that SIGINT sets, on the main thread (elsewhere: never set).
+
+    --watch ends at the next check of it (within one reading, each call
+    bounded by RPC_TIMEOUT_S), wherever the signal lands: a KeyboardInterrupt
+    would have to travel out of whatever gRPC call it landed in, and under
+    load --watch was once seen not to end on Ctrl-C."""
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    return stop
