@@ -21,9 +21,13 @@ TRAIN = ["train", "--dataset", "synthetic", "--num-workers", "2", "--num-ps", "2
          "--batch-size", "32", "--log-every", "1"]
 
 
-def start(tmp_path, *flags, env=None) -> subprocess.Popen:
+def start(tmp_path, *flags, env=None, hold: bool = True) -> subprocess.Popen:
+    """towerps train under the harness; `hold=False`: evaluation is not held
+    (the harness finds its `go` marker at once)."""
     markers = tmp_path / "markers"
     markers.mkdir(exist_ok=True)
+    if not hold:
+        (markers / "go").touch()
     return subprocess.Popen([sys.executable, str(HARNESS), str(markers), *TRAIN, *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
@@ -79,7 +83,8 @@ def finish(proc: subprocess.Popen, pids: set[int]) -> tuple[int, str]:
 def test_sigint_mid_training_saves_the_shards_last_version(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    proc = start(tmp_path, "--steps", "100000", "--run-dir", "~/runs/int", env={"HOME": str(home)})
+    proc = start(tmp_path, "--steps", "100000", "--run-dir", "~/runs/int", env={"HOME": str(home)},
+                 hold=False)
     run_dir = home / "runs" / "int"  # `~` expanded by towerps itself
     metrics = run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, "training", proc)
