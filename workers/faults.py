@@ -140,9 +140,10 @@ class Faults:
 @dataclass(frozen=True)
 class Hold:
     """Worker `rank` stops before its first push of `step` or later until the
-    file `release` exists (at once if it does), after writing `release + ".held"` (so a test knows it is there and
-    can, say, kill something meanwhile). Files: the test and the worker share a
-    machine. Raises TimeoutError after `timeout_s`."""
+    file `release` exists (at once if it does), after writing
+    `release + ".held"` (so a test knows it is there and can, say, kill
+    something meanwhile). Files: the test and the worker share a machine.
+    Raises TimeoutError after `timeout_s`."""
 
     rank: int
     step: int
