@@ -4,6 +4,7 @@ the run directory, and that no process of the run is left (found by PID)."""
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -69,12 +70,25 @@ def running(pid: int) -> bool:
         return False
 
 
+def wait_gone(pids: set[int], timeout_s: float) -> None:
+    """Block until every process in `pids` has exited (or `timeout_s` passes):
+    a pidfd becomes readable when its process ends, whoever its parent is."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone already
+        try:
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+
+
 def finish(proc: subprocess.Popen, pids: set[int]) -> tuple[int, str]:
     """Wait for towerps to exit, then for every process of its run to be gone."""
     _, err = proc.communicate(timeout=WAIT_S)
-    deadline = time.monotonic() + GONE_S
-    while any(running(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_gone(pids, GONE_S)
     assert not [p for p in pids if running(p)], "processes of the run outlived it"
     assert "Traceback" not in err, err
     return proc.returncode, err
@@ -113,13 +127,20 @@ def test_sigterm_at_start_up_stops_everything_and_saves_nothing(tmp_path):
     assert "stopped by SIGTERM during start-up; nothing saved" in err
 
 
-def test_sigterm_during_evaluation_saves_a_run_marked_interrupted(tmp_path):
+def signal_during_evaluation(tmp_path, signum) -> tuple:
+    """A 4-step run held in its evaluation gets `signum`; returns (process,
+    run dir, markers, the run's pids) once its handler has taken the signal."""
     run_dir, markers = tmp_path / "run", tmp_path / "markers"
     proc = start(tmp_path, "--steps", "4", "--run-dir", str(run_dir))
     wait_for((markers / "evaluating").exists, "evaluation", proc)
-    pids = descendants(proc.pid) | {pid for pid in _placement_pids(run_dir)}
-    proc.send_signal(signal.SIGTERM)
+    pids = descendants(proc.pid) | set(_placement_pids(run_dir))
+    proc.send_signal(signum)
     wait_for((markers / "handled").exists, "the signal handled", proc)
+    return proc, run_dir, markers, pids
+
+
+def test_sigterm_during_evaluation_saves_a_run_marked_interrupted(tmp_path):
+    proc, run_dir, markers, pids = signal_during_evaluation(tmp_path, signal.SIGTERM)
     (markers / "go").touch()
     code, err = finish(proc, pids)
     assert code == 143, err
@@ -130,12 +151,7 @@ def test_sigterm_during_evaluation_saves_a_run_marked_interrupted(tmp_path):
 
 
 def test_a_second_sigint_skips_saving(tmp_path):
-    run_dir, markers = tmp_path / "run", tmp_path / "markers"
-    proc = start(tmp_path, "--steps", "4", "--run-dir", str(run_dir))
-    wait_for((markers / "evaluating").exists, "evaluation", proc)
-    pids = descendants(proc.pid) | {pid for pid in _placement_pids(run_dir)}
-    proc.send_signal(signal.SIGINT)
-    wait_for((markers / "handled").exists, "the first signal handled", proc)
+    proc, run_dir, _, pids = signal_during_evaluation(tmp_path, signal.SIGINT)
     proc.send_signal(signal.SIGINT)
     code, err = finish(proc, pids)
     assert code == 130, err
