@@ -77,39 +77,34 @@ def test_a_push_carries_at_most_one_global_batch_and_a_finite_loss():
     assert shard.push(0, 0, grads(1.0), num_examples=64).outcome == PushOutcome.BUFFERED
 
 
-def test_a_pull_ends_when_its_call_ends():
-    shard = make_shard()
+def ends_with_its_call(shard, wait) -> bool:
+    """Run `wait(call_ended)` (a blocking shard call) on a thread, end its call,
+    and say whether it then raised PullTimeout and returned."""
     ended, outcome = threading.Event(), []
 
-    def pull():
+    def call():
         try:
-            shard.pull(5, timeout_s=3600.0, call_ended=ended)
+            wait(ended)
         except PullTimeout as err:
             outcome.append(err)
 
-    thread = threading.Thread(target=pull)
+    thread = threading.Thread(target=call)
     thread.start()
     ended.set()
     shard.wake()
     thread.join(timeout=30)
-    assert not thread.is_alive() and len(outcome) == 1
+    return not thread.is_alive() and len(outcome) == 1
+
+
+def test_a_pull_ends_when_its_call_ends():
+    shard = make_shard()
+    assert ends_with_its_call(shard, lambda ended: shard.pull(5, timeout_s=3600.0,
+                                                              call_ended=ended))
 
 
 def test_an_ssp_gate_ends_when_its_call_ends():
     shard = make_shard(num_workers=2, mode=Mode("ssp", staleness=0))
     shard.push(0, 0, grads(1.0), 1)
-    ended, outcome = threading.Event(), []
-
-    def gate():
-        try:
-            shard.wait_turn(0, timeout_s=3600.0, call_ended=ended)
-        except PullTimeout as err:
-            outcome.append(err)
-
-    thread = threading.Thread(target=gate)
-    thread.start()
-    ended.set()
-    shard.wake()
-    thread.join(timeout=30)
-    assert not thread.is_alive() and len(outcome) == 1
+    assert ends_with_its_call(shard, lambda ended: shard.wait_turn(0, timeout_s=3600.0,
+                                                                   call_ended=ended))
 
