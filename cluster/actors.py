@@ -71,10 +71,12 @@ class ShardActor:
         self._checkpoints = None  # ShardCheckpoints
         self._writer = None  # its PartWriter
         self._clocks = None  # resumed: each worker's clock in the checkpoint
+        self._same_node = None  # the run's segment prefix (shared memory), if any
 
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
               mode=None, end_version: int | None = None, state: dict | None = None,
-              checkpoints=None, max_examples: int | None = None, credentials=None) -> dict:
+              checkpoints=None, max_examples: int | None = None, credentials=None,
+              same_node: str | None = None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -85,7 +87,9 @@ class ShardActor:
         `resume_version` makes the shard start from that checkpoint's part;
         `max_examples` the global batch (a push's bound); `credentials` a
         towerps.auth.ShardCredentials (the job secret, as a method argument:
-        never in the actor's constructor or environment).
+        never in the actor's constructor or environment); `same_node` the
+        run's segment prefix when workers on this node may pass tensors
+        through shared memory (src/towerps/shm.py; None: gRPC only).
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter
@@ -113,8 +117,10 @@ class ShardActor:
         host = shard_host()
         # Each worker may hold a Push and a waiting Pull at once.
         self._server, port = create_server(
-            self._shard, f"{host}:0", ShardLimits().for_workers(num_workers), credentials
+            self._shard, f"{host}:0", ShardLimits().for_workers(num_workers), credentials,
+            same_node=same_node,
         )
+        self._same_node = same_node
         record = _node_record("ps", self._index)
         record["address"] = f"{host}:{port}"
         record["parameter_bytes"] = self._shard.parameter_bytes
@@ -159,6 +165,10 @@ class ShardActor:
             self._server.stop(grace=1.0).wait()
         if self._writer is not None:
             self._writer.close()  # parts already copied are still written
+        if self._same_node is not None:  # the run's segments on this node, a dead worker's too
+            from towerps.shm import sweep
+
+            sweep(self._same_node)
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,11 @@ class WorkerJob:
     # describe it, and setup's `inputs` feed it) and an explicit loss, if any.
     user_model: object = None
     loss: object = None
+    # The same-node transport: the run's segment prefix (None: gRPC only) and
+    # each shard's Ray node id, by index; a worker uses shared memory with
+    # the shards on its own node.
+    same_node: str | None = None
+    shard_nodes: tuple[str, ...] = ()
 
 
 # Two threads: `progress` and `redirect` answer while `run` goes on.
@@ -204,6 +219,7 @@ class WorkerActor:
         import_tensorflow(verbose)
         self._rank = rank
         self._worker = None
+        self._same_node = None  # a workers.same_node.SameNode, set up with the client
 
     def setup(self, spec, job: WorkerJob, inputs=None, credentials=None) -> dict:
         """Build data, towers and client. `inputs`: this worker's input of the
@@ -225,7 +241,9 @@ class WorkerActor:
         faults = job.faults or Faults()
         towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                   wrap=faults.wrap_towers, loss=job.loss)
-        client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials)
+        self._same_node = _same_node(job, self._rank)
+        client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials,
+                          same_node=self._same_node)
         # A redirect's new client: the same credentials, the same test seams.
         self._job, self._credentials, self._faults = job, credentials, faults
         self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers),
@@ -233,6 +251,9 @@ class WorkerActor:
         record = _node_record("worker", self._rank)
         record["devices"] = towers.devices
         record["ray_gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]
+        # The shards this worker reaches through shared memory (the rest: gRPC).
+        record["same_node_shards"] = list(self._same_node.shards) if self._same_node else []
+        record["segment_prefix"] = job.same_node  # its files in /dev/shm start so
         return record
 
     def towers(self) -> list[dict]:
@@ -248,12 +269,25 @@ class WorkerActor:
         from towerps.workers import PSClient
 
         client = PSClient(list(target.addresses), self._job.plan, self._job.wire_dtype,
-                          credentials=self._credentials)
+                          credentials=self._credentials, same_node=self._same_node)
         self._worker.redirect(target, self._faults.wrap_client(self._rank, client))
 
     def progress(self):
         """The worker's figures so far (a WorkerReport), or None before setup."""
         return None if self._worker is None else self._worker.progress()
+
+
+def _same_node(job: WorkerJob, rank: int):
+    """The SameNode of worker `rank` in this process: the shards on its Ray
+    node (same node id: a shard elsewhere, even on this machine, is reached
+    over gRPC); None when the run passes every tensor over gRPC."""
+    from towerps.workers.same_node import SameNode
+
+    here = ray.get_runtime_context().get_node_id()
+    shards = tuple(k for k, node in enumerate(job.shard_nodes) if node == here)
+    if job.same_node is None or not shards:
+        return None
+    return SameNode(job.same_node, rank, shards)
 
 
 def _data_and_model(spec, job: WorkerJob, inputs):

@@ -37,6 +37,7 @@ UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 TOWER_BALANCES = ("equal", "measured")
 SUM_ORDERS = ("rank", "arrival")
+TRANSPORTS = ("shm", "grpc")  # --same-node-transport (towerps.shm.TRANSPORTS)
 NONFINITE = ("reject", "skip-step")
 TLS_CHOICES = ("auto", "on", "off")
 # TensorFlow comes with an extra of its own (pyproject.toml): a plain install has none.
@@ -134,6 +135,9 @@ def _add_job_flags(parser) -> None:
     add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
     add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
         help="dtype of gradients and parameters on the wire; shards still apply in float32")
+    add("--same-node-transport", choices=TRANSPORTS, default="grpc",
+        help="a worker and a shard on one node pass tensors through shared memory (shm) "
+        "or over gRPC like any other pair (default: %(default)s)")
     add("--checkpoint-every", type=int, default=0, metavar="N",
         help="checkpoint every shard every N steps (default 0: none)")
     add("--checkpoint-dir", default=None, metavar="DIR_OR_URI",
@@ -263,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir=args.run_dir,
             log_every=args.log_every,
             wire_dtype=args.wire_dtype,
+            same_node_transport=args.same_node_transport,
             slow_worker=args.slow_worker,
             checkpoint_every=args.checkpoint_every,
             checkpoint_dir=args.checkpoint_dir,
@@ -352,7 +357,8 @@ def _train_own_model(args, parser):
         UserJob(build, data), model_fn=args.model, data_fn=args.data, **_counts(args),
         batch_size=args.batch_size, steps=args.steps, budget_s=args.budget_s, seed=args.seed,
         address=args.address, run_dir=run_dir, log_every=args.log_every,
-        wire_dtype=args.wire_dtype, slow_worker=args.slow_worker, devices=_device_config(args),
+        wire_dtype=args.wire_dtype, same_node_transport=args.same_node_transport,
+        slow_worker=args.slow_worker, devices=_device_config(args),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
         keep_checkpoints=args.keep_checkpoints, dashboard=args.dashboard, verbose=args.verbose,
         **_mode_fields(args), **_security_fields(args),

@@ -17,6 +17,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from towerps.errors import ConfigError
+from towerps.shm import TRANSPORTS
 from towerps.wire import WIRE_DTYPES
 from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's check
 from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
@@ -60,6 +61,9 @@ class TrainConfig:
     run_dir: str | None = None
     log_every: int = 10  # steps between metrics.jsonl records
     wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
+    # A worker and a shard on the same node: tensor bytes through shared
+    # memory ("shm", src/towerps/shm.py) or, like other pairs, gRPC chunks.
+    same_node_transport: str = "grpc"
     # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
     slow_worker: str | None = None
     # TEST ONLY: a workers/faults.py Faults whose holds and deaths workers
@@ -118,6 +122,7 @@ class TrainConfig:
         if self.tls_dir is not None and self.tls == "off":
             raise ConfigError("--tls-dir gives certificates but --tls is off; drop one of them")
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
+        _choice("--same-node-transport", self.same_node_transport, TRANSPORTS)
         for flag, value in (
             ("--num-workers", self.num_workers),
             ("--num-ps", self.num_ps),

@@ -41,6 +41,7 @@ from towerps.cluster.security import JobSecurity, write_cluster_json
 from towerps.cluster.supervisor import Supervisor
 from towerps.errors import ActorDied, ActorFailed, ClusterError, TowerpsError
 from towerps.ps.placement import PlacementPlan
+from towerps.shm import new_run_prefix, sweep
 from towerps.workers import PSClient
 from towerps.workers.faults import Faults
 
@@ -99,6 +100,8 @@ class Job:
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
+        # The same-node transport's segments are named by this (src/towerps/shm.py).
+        self.segment_prefix = new_run_prefix() if config.same_node_transport == "shm" else None
 
     @classmethod
     def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
@@ -141,7 +144,8 @@ class Job:
         self._shard_args = dict(optimizer=optimizer, lr=c.learning_rate,
                                 num_workers=c.num_workers, mode=c.mode,
                                 end_version=c.end_version, max_examples=c.batch_size,
-                                credentials=self.security.shard)
+                                credentials=self.security.shard,
+                                same_node=self.segment_prefix)
         checkpoints = self._shard_checkpoints()
         records = get([
             shard.start.remote(
@@ -158,7 +162,8 @@ class Job:
         job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
                         self.addresses, self.plan, c.wire_dtype, devices=c.devices,
                         faults=Faults.of(c), user_model=user and user.build_model,
-                        loss=user and user.loss)
+                        loss=user and user.loss, same_node=self.segment_prefix,
+                        shard_nodes=tuple(self._shard_nodes()))
         inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
         clip = payload.optimizer and payload.optimizer.global_clipnorm
         # What a replacement of a dead worker is set up with (replace_worker).
@@ -169,6 +174,11 @@ class Job:
         self.records += records
         self.reservation.record(self.records)  # logs where each landed
         self._write_placement()
+
+    def _shard_nodes(self) -> list[str]:
+        """Each shard's Ray node id, by index (from where they landed)."""
+        nodes = {r["index"]: r["node_id"] for r in self.records if r["role"] == "ps"}
+        return [nodes[k] for k in range(self.config.num_ps)]
 
     def run(self, progress: bool | None = None, observer=None, stop=None) -> Trained:
         """Run every worker to the end, watching; then pull the final parameters.
@@ -287,6 +297,8 @@ class Job:
             ray.kill(actor)
         self.shards, self.workers, self.sink = [], [], None
         self.reservation.release()
+        if self.segment_prefix is not None:  # the shards swept their nodes; this is ours
+            sweep(self.segment_prefix)
 
     def __enter__(self) -> Job:
         return self

@@ -44,8 +44,22 @@ class TensorChunks(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[TensorChunk]
     def __init__(self, chunks: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
 
+class SharedTensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "length")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    length: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
 class PushHeader(_message.Message):
-    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors", "skip_step")
+    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared")
     WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +67,8 @@ class PushHeader(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     SKIP_STEP_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     worker_rank: int
     step: int
     attempt: int
@@ -60,7 +76,9 @@ class PushHeader(_message.Message):
     loss: float
     num_tensors: int
     skip_step: bool
-    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ...) -> None: ...
+    segment: str
+    shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
+    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("header", "chunks")
@@ -93,22 +111,26 @@ class PushReply(_message.Message):
     def __init__(self, outcome: _Optional[_Union[PushReply.Outcome, str]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("min_version", "timeout_s", "wire_dtype")
+    __slots__ = ("min_version", "timeout_s", "wire_dtype", "segment")
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
     min_version: int
     timeout_s: float
     wire_dtype: DType
-    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ..., wire_dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+    segment: str
+    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ..., wire_dtype: _Optional[_Union[DType, str]] = ..., segment: _Optional[str] = ...) -> None: ...
 
 class PullHeader(_message.Message):
-    __slots__ = ("version", "num_tensors")
+    __slots__ = ("version", "num_tensors", "shared")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     version: int
     num_tensors: int
-    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ...) -> None: ...
+    shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ...) -> None: ...
 
 class PullReply(_message.Message):
     __slots__ = ("header", "chunks")

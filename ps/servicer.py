@@ -23,6 +23,14 @@ the slowest worker to come within the staleness bound. PullRequest does not
 name its worker, so the gate sits on the push that precedes the next pull.
 A DUPLICATE or ALREADY_APPLIED push changed nothing and answers at once.
 
+Same node (`create_server(..., same_node=prefix)`, ps/same_node.py): a
+Push header may name the worker's segment in /dev/shm and describe its
+tensors there instead of sending chunks; the servicer copies them out into
+the shard's own arrays and checks the copy exactly as it checks chunks,
+before the shard sees them. A PullRequest may name the caller's pull
+segment: the version is written there and the one reply message describes
+it. Credentials, exactly-once and the status codes are the call's as ever.
+
 Push and Pull carry their tensors through src/towerps/codec.py (bytes written
 and parsed by hand, the same bytes the generated classes would make), so
 `create_server` registers the methods itself instead of calling the
@@ -42,14 +50,16 @@ from dataclasses import asdict, fields
 import grpc
 
 from towerps.auth import Authenticator, ShardCredentials
-from towerps.codec import parse_part, pull_stream, read_push
+from towerps.codec import parse_part, pull_stream, read_push, shared_pull_header
 from towerps.errors import (
-    AccessDenied, BadRequest, ConfigError, PullTimeout, ShardUnavailable, StepMismatch,
+    AccessDenied, BadRequest, BadTensor, ConfigError, PullTimeout, ShardUnavailable,
+    StepMismatch,
 )
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.guard import Guard
 from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits, checked_wait
+from towerps.ps.same_node import SameNodeSegments, refuse_shared
 from towerps.ps.shard import PushOutcome, Shard
 from towerps.ps.stats import Traffic
 from towerps.tls import server_credentials
@@ -68,8 +78,9 @@ _UNCHANGED = (PushOutcome.DUPLICATE, PushOutcome.ALREADY_APPLIED)
 
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def __init__(self, shard: Shard, limits: ShardLimits, auth: Authenticator | None = None,
-                 slots: CallSlots | None = None):
+                 slots: CallSlots | None = None, same_node: SameNodeSegments | None = None):
         self._shard = shard
+        self._same_node = same_node
         self._slots = slots
         self._limits = limits
         self._auth = auth
@@ -94,6 +105,10 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                 check_header=lambda h: self._check_rank(context, h.worker_rank),
             )
             stream.our_turn()
+            if header.segment and not header.skip_step:
+                grads = self._shared_push(header)
+            elif header.shared:
+                raise BadTensor("a push describes shared tensors but names no segment")
             if header.skip_step:
                 result = self._shard.skip(header.worker_rank, header.step)
             else:
@@ -117,8 +132,13 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                 timeout_s = min(timeout_s, remaining)
             wire_dtype = pull_wire_dtype(request.wire_dtype)
             version, params = self._shard.pull(request.min_version, timeout_s, ended)
-        except (BadRequest, PullTimeout, ShardUnavailable) as err:
+            if request.segment:
+                shared = self._shared_pull(context, request.segment, params, wire_dtype)
+        except (BadRequest, PullTimeout, ShardUnavailable, AccessDenied) as err:
             _abort(context, err)
+        if request.segment:
+            yield shared_pull_header(version, shared)
+            return
         stream = self.idle.track(context.cancel)
         try:
             for message in self._pull_messages(version, params, wire_dtype):
@@ -128,6 +148,22 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                 stream.our_turn()
         finally:
             stream.done()
+
+    def _shared_push(self, header) -> dict:
+        """Same node: the tensors, copied out of the worker's segment (checked there)."""
+        if header.num_tensors:
+            raise BadTensor(f"a push names segment {header.segment[:80]!r} and announces "
+                            f"{header.num_tensors} tensors in chunks; send one or the other")
+        if self._same_node is None:
+            refuse_shared(self._shard.index)
+        return self._same_node.read_push(header, self._shard.specs)
+
+    def _shared_pull(self, context, segment: str, params, wire_dtype):
+        """Same node: write the version into the caller's segment; their descriptions."""
+        if self._same_node is None:
+            refuse_shared(self._shard.index)
+        return self._same_node.write_pull(segment, params, wire_dtype,
+                                          lambda rank: self._check_rank(context, rank))
 
     def _check_rank(self, context, rank: int) -> None:
         """With credentials: only worker `rank`'s token may push as `rank`."""
@@ -218,8 +254,13 @@ def create_server(
     address: str = "127.0.0.1:0",
     limits: ShardLimits | None = None,
     credentials: ShardCredentials | None = None,
+    same_node: str | None = None,
 ):
     """Start a gRPC server for `shard` on `address` (port 0: any free port).
+
+    `same_node`: the run's segment prefix (src/towerps/shm.py): workers on
+    this node may then pass tensors through their shared-memory segments;
+    None: chunks over gRPC only.
 
     Returns (server, port). With `credentials`, every call must carry a
     token of the job (towerps/auth.py), and with their TLS material the
@@ -245,7 +286,8 @@ def create_server(
         options=(*GRPC_OPTIONS, *SERVER_OPTIONS),
         maximum_concurrent_rpcs=limits.max_calls + 8,
     )
-    servicer = ParameterServerServicer(shard, limits, auth, guard.slots)
+    segments = SameNodeSegments(same_node, shard.index) if same_node else None
+    servicer = ParameterServerServicer(shard, limits, auth, guard.slots, segments)
     server.add_generic_rpc_handlers((_handlers(servicer),))
     add_standard_services(server)
     if credentials is None or credentials.tls is None:

@@ -23,6 +23,11 @@ Bearer` metadata, and with their TLS material the channels are mutual TLS
 with the job's CA; None: neither (shards bound to loopback, in tests).
 A shard that refuses them surfaces as AccessDenied.
 
+With `same_node` (workers/same_node.py), the tensors of the shards on the
+worker's node go through shared-memory segments the client creates and
+removes on `close`; the call, its checks and its answer are unchanged.
+Pushes as another rank than `same_node.rank` (tests) use chunks.
+
 With `wire_dtype` bfloat16 or float16, gradients and pulled parameters
 travel in that dtype (half the bytes); shards accumulate and apply in
 float32, and pulled parameters are widened to float32 here.
@@ -40,7 +45,7 @@ import grpc.experimental
 import numpy as np
 
 from towerps.auth import Credentials, bearer
-from towerps.codec import parse_part, push_stream, read_pull
+from towerps.codec import parse_part, push_stream, read_pull, read_pull_header
 from towerps.errors import (
     AccessDenied, BadTensor, ConfigError, Overloaded, PullTimeout, ShardUnavailable, StepMismatch,
 )
@@ -51,6 +56,7 @@ from towerps.ps.shard import PushOutcome
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
+from towerps.workers.same_node import PairSegments, SameNode
 
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -68,6 +74,7 @@ class PSClient:
         max_attempts: int = 4,
         backoff_s: float = 0.2,
         credentials: Credentials | None = None,
+        same_node: SameNode | None = None,
     ):
         if len(addresses) != plan.num_shards:
             raise ConfigError(
@@ -113,8 +120,30 @@ class PSClient:
         )
         self._counter_lock = threading.Lock()
         self._closed = False
+        self._same_node = same_node
+        self._segments = self._open_segments(same_node)
         self.bytes_sent = 0  # tensor payload bytes pushed (a retry is not counted again)
         self.bytes_received = 0  # tensor payload bytes pulled
+
+    def _open_segments(self, same_node: SameNode | None) -> dict[int, PairSegments]:
+        """Shared-memory segments with the shards on this worker's node, by index."""
+        if same_node is None:
+            return {}
+        same_node.sweep_dead()  # a killed predecessor's files
+        load = self.plan.shard_bytes()
+        segments: dict[int, PairSegments] = {}
+        try:
+            for k in same_node.shards:
+                segments[k] = PairSegments(same_node.prefix, same_node.rank, k, load[k])
+        except BaseException:
+            for pair in segments.values():
+                pair.close()
+            raise
+        return segments
+
+    def uses_shared_memory(self, k: int) -> bool:
+        """Whether this client passes shard k's tensors through shared memory."""
+        return k in self._segments
 
     @property
     def num_shards(self) -> int:
@@ -128,10 +157,20 @@ class PSClient:
         )
 
         def pull_one(k: int):
+            pair = self._segments.get(k)
+
             def call(attempt: int):
                 # The RPC deadline leaves the shard time to answer DEADLINE_EXCEEDED itself.
-                return read_pull(self._pull_calls[k](
-                    request, timeout=timeout_s + 10.0, metadata=self._metadata))
+                if pair is None:
+                    return read_pull(self._pull_calls[k](
+                        request, timeout=timeout_s + 10.0, metadata=self._metadata))
+                with pair.pull_lock:
+                    shared_request = pb.PullRequest()
+                    shared_request.CopyFrom(request)
+                    shared_request.segment = str(pair.pull_name)
+                    header, _ = read_pull_header(self._pull_calls[k](
+                        shared_request, timeout=timeout_s + 10.0, metadata=self._metadata))
+                    return header.version, pair.read_pull(header.shared)
 
             return self._call(k, call, _RETRY_ALWAYS)
 
@@ -175,6 +214,10 @@ class PSClient:
                   shards: Sequence[int] | None = None) -> list[str]:
 
         def push_one(k: int):
+            pair = self._segments.get(k)
+            if skip_step or worker_rank != self._same_node_rank:
+                pair = None  # no tensors, or a test pushing as another rank: chunks
+
             def call(attempt: int):
                 header = pb.PushHeader(
                     worker_rank=worker_rank,
@@ -185,16 +228,29 @@ class PSClient:
                     num_tensors=len(per_shard[k]),
                     skip_step=skip_step,
                 )
-                messages = push_stream(header, per_shard[k], self.wire_dtype)
-                reply = self._push_calls[k](
-                    messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
-                return _OUTCOMES[reply.outcome]
+                if pair is None:
+                    messages = push_stream(header, per_shard[k], self.wire_dtype)
+                    return self._push_call(k, messages)
+                # The same bytes for every attempt: a retry names the same step.
+                with pair.push_lock:
+                    header.num_tensors = 0
+                    header.segment = str(pair.push_name)
+                    header.shared.extend(pair.write_push(per_shard[k], self.wire_dtype))
+                    return self._push_call(k, push_stream(header, {}))
 
             return self._call(k, call, _RETRY_PUSH)
 
         if shards is not None:
             return [push_one(k) for k in shards]
         return self._fan_out(push_one)
+
+    @property
+    def _same_node_rank(self) -> int | None:
+        return self._same_node.rank if self._same_node else None
+
+    def _push_call(self, k: int, messages) -> PushOutcome:
+        reply = self._push_calls[k](messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
+        return _OUTCOMES[reply.outcome]
 
     def status(self, since_version: int = 0,
                logs_of: tuple[int, ...] | None = None) -> list[pb.StatusReply]:
@@ -261,6 +317,9 @@ class PSClient:
         for channel in self._channels:
             channel.close()
         self._pool.shutdown(wait=True)
+        for pair in self._segments.values():
+            with pair.push_lock, pair.pull_lock:  # no call of ours still reads or writes it
+                pair.close()
 
     def __enter__(self) -> PSClient:
         return self

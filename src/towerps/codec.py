@@ -163,6 +163,12 @@ def pull_stream(
     yield from _chunk_messages(tensors, wire_dtype)
 
 
+def shared_pull_header(version: int, shared) -> bytes:
+    """A same-node Pull's only message: the header, its tensors described in
+    `shared` (already written into the caller's segment)."""
+    return _header_message(pb.PullHeader(version=version, num_tensors=0, shared=shared))
+
+
 # -- parsing ----------------------------------------------------------------
 
 def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -278,6 +284,11 @@ def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_
         raise BadTensor(f"a {stream} stream's first message is malformed: {first.error}")
     if first is None or first.header is None:
         raise BadTensor(f"a {stream} stream must start with a {header_type.__name__}")
+    # A header may describe the tensors it expects (same-node `shared`), no
+    # more: parsing a flood of tiny entries would cost before any check.
+    if expected is not None and len(first.header) > _header_limit(len(expected)):
+        raise BadTensor(f"a {stream} stream's {header_type.__name__} of {len(first.header)} "
+                        f"bytes is over {_header_limit(len(expected))} for {len(expected)} tensors")
     try:
         header = header_type.FromString(first.header)
     except DecodeError as err:
@@ -298,6 +309,10 @@ def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_
     return header, assembler.finish(header.num_tensors)
 
 
+def _header_limit(num_tensors: int) -> int:
+    return 4096 + 512 * num_tensors
+
+
 def read_push(
     parts: Iterable[Part], expected: Mapping[str, TensorSpec], check_header=None
 ) -> tuple[pb.PushHeader, dict[str, np.ndarray]]:
@@ -313,3 +328,9 @@ def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:
     """Decode a Pull stream: (version, tensors); raises BadTensor when malformed."""
     header, tensors = _read(parts, pb.PullHeader, "Pull")
     return header.version, tensors
+
+
+def read_pull_header(parts: Iterable[Part]) -> tuple[pb.PullHeader, dict[str, np.ndarray]]:
+    """Decode a Pull stream, header and all: a same-node pull's tensors are
+    described in the header's `shared` (src/towerps/shm.py), not in chunks."""
+    return _read(parts, pb.PullHeader, "Pull")

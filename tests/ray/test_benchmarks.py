@@ -93,3 +93,9 @@ def test_stragglers(tmp_path):
         assert run["median_step_s"] > 0 and len(run["pushes_dropped_per_shard"]) == 1
     assert figures["runs"]["no_straggler"]["pushes_dropped_per_shard"] == [0]
 
+
+
+def test_same_node(tmp_path):
+    figures = run_bench("same_node", tmp_path)["figures"]
+    assert set(figures["per_size"]["1MB"]) == {"file", "mmap", "object", "object0"}
+    assert all(m["mb_per_s"] > 0 for m in figures["per_size"]["1MB"].values())

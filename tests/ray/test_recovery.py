@@ -25,6 +25,8 @@ import pytest
 from tests.ray.test_checkpoints import job, ray_cluster, weights_of  # noqa: F401 (fixture)
 from towerps.cluster import train
 from towerps.ps import Mode
+from towerps.errors import ActorDied
+from towerps.shm import SEGMENT_DIR
 from towerps.workers.faults import Faults, Hold
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -148,3 +150,35 @@ def test_ssp_recovers_a_worker_dying_in_a_push_and_a_killed_shard_without_a_batc
     assert (shard.role, shard.index) == ("ps", 0) and shard.resumed_from >= 12
     # Over the final history every worker pushed each of its global batches once.
     assert summary.examples == steps * 96
+
+
+def segments_of(run_dir) -> list[str]:
+    """The run's shared-memory files still in /dev/shm."""
+    records = json.loads((run_dir / "placement.json").read_text())
+    prefix = next(r["segment_prefix"] for r in records if r["role"] == "worker")
+    assert prefix
+    return [n for n in os.listdir(SEGMENT_DIR) if n.startswith(prefix)]
+
+
+def test_a_sigkilled_workers_shared_memory_is_removed_with_or_without_a_recovery(
+        ray_cluster, tmp_path):
+    """Files in /dev/shm outlive a SIGKILL: with checkpoints the replacement
+    removes its dead predecessor's; without, the run fails and its end
+    removes every file of it."""
+    for checkpoints in (4, 0):
+        run_dir = tmp_path / f"every-{checkpoints}"
+        release = str(tmp_path / f"release-{checkpoints}")
+        faults = Faults(holds=(Hold(rank=1, step=6, release=release),))
+        run = Background(replace(job(run_dir, steps=8, faults=faults, same_node_transport="shm"),
+                                 checkpoint_every=checkpoints))
+        wait_for_file(release + ".held")
+        killed = pid_of(run_dir, "worker", 1)
+        assert any(f"-w1-s0-p{killed}-" in n for n in segments_of(run_dir))
+        os.kill(killed, signal.SIGKILL)
+        open(release, "w").close()  # a replacement holds there too, until now
+        if checkpoints:
+            assert run.result().steps == 8
+        else:
+            with pytest.raises(ActorDied):
+                run.result()
+        assert segments_of(run_dir) == []

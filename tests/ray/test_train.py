@@ -1,6 +1,7 @@
 """End-to-end training through real shards, workers and gRPC in a local Ray cluster."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -10,6 +11,7 @@ from tests.unit.test_summary import SUMMARY_KEYS
 from towerps.cluster import TrainConfig, train
 from towerps.cluster.summary import RunSummary
 from towerps.ps.optimizers import make_optimizer
+from towerps.shm import SEGMENT_DIR
 from towerps.workers.variables import ModelVariables
 from towerps.workers import Tower, build_model, load_dataset
 
@@ -50,14 +52,22 @@ def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path
     assert summary.test_accuracy > 0.2  # chance is 0.1 on 10 learnable classes
 
 
-def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path, transport):
     """Sync mode's oracle: the global batch of a step is the same whatever the
-    number of workers, so the weights are the same up to floating point."""
+    number of workers, so the weights are the same up to floating point;
+    whether tensors cross shared memory (one node: every pair) or gRPC."""
     common = dict(dataset="synthetic", num_ps=2, batch_size=64, steps=6, optimizer="sgd",
-                  lr=0.1, seed=3)
+                  lr=0.1, seed=3, same_node_transport=transport)
     train(TrainConfig(num_workers=1, run_dir=str(tmp_path / "w1"), **common), progress=False)
-    train(TrainConfig(num_workers=2, run_dir=str(tmp_path / "w2"), **common), progress=False)
+    summary = train(TrainConfig(num_workers=2, run_dir=str(tmp_path / "w2"), **common),
+                    progress=False)
     one, two = weights_of(tmp_path / "w1"), weights_of(tmp_path / "w2")
+    workers = [r for r in summary.placement if r["role"] == "worker"]
+    assert [r["same_node_shards"] for r in workers] == [[0, 1] if transport == "shm" else []] * 2
+    if transport == "shm":  # the run's segments are gone with it
+        prefix = workers[0]["segment_prefix"]
+        assert prefix and not [n for n in os.listdir(SEGMENT_DIR) if n.startswith(prefix)]
 
     # The same training in this process, on the whole batch, with no PS at all.
     dataset = load_dataset("synthetic", seed=3)

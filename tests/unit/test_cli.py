@@ -11,6 +11,7 @@ from towerps.errors import ConfigError
 from towerps.ps.modes import SUM_ORDERS, Mode
 from towerps.ps.optimizers import OPTIMIZERS
 from towerps.workers.faults import Faults
+from towerps.shm import TRANSPORTS
 from towerps.wire import WIRE_DTYPES
 from towerps.workers.catalog import MODELS
 from towerps.workers.data import DATASETS
@@ -27,6 +28,7 @@ def test_cli_choices_agree_with_the_packages_that_own_them():
     assert cli.MODES == MODES
     assert cli.WIRE_DTYPES == tuple(WIRE_DTYPES)
     assert cli.SUM_ORDERS == SUM_ORDERS
+    assert cli.TRANSPORTS == TRANSPORTS
     assert (cli.NONFINITE, cli.TLS_CHOICES) == (NONFINITE, TLS_CHOICES)
 
 

@@ -175,3 +175,15 @@ def test_many_small_tensors_are_written_within_the_parser_caps():
     messages = list(pull_stream(0, tensors))
     version, out = read_pull(parse_part(m) for m in messages)
     assert len(out) == 3000 and len(messages) == 4  # header + 3 messages of <= 1024 chunks
+
+
+def test_a_header_describing_more_than_its_tensors_is_refused_before_it_is_parsed():
+    """Same-node pushes describe their tensors in the header: a flood of tiny
+    descriptions is refused by its size, before protobuf builds them."""
+    spec = {"w": TensorSpec(np.dtype(np.float32), (2,))}
+    flood = pb.PushHeader(worker_rank=0, shared=[pb.SharedTensor(offset=1)] * 10_000)
+    with pytest.raises(BadTensor, match="bytes is over"):
+        read_push([parse_part(pb.PushRequest(header=flood).SerializeToString())], spec)
+    fits = pb.PushHeader(worker_rank=0, segment="s" * 100, shared=[pb.SharedTensor(name="w")])
+    header, tensors = read_push([parse_part(pb.PushRequest(header=fits).SerializeToString())], spec)
+    assert header.shared[0].name == "w" and tensors == {}
