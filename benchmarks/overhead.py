@@ -47,6 +47,9 @@ def add_flags(parser) -> None:
     add("--steps", type=int, default=60, help="timed steps per round and system")
     add("--warmup-steps", type=int, default=5)
     add("--rounds", type=int, default=3)
+    add("--same-node-transport", default=None, metavar="T[,T]",
+        help="towerps' same-node transport(s): shm, grpc or both, each measured every round "
+        "in turns (default: TrainConfig's); the first gives the headline figures")
 
 
 def load_data(args):
@@ -86,7 +89,20 @@ def keras_rate(args, dataset, model) -> float:
     return args.steps * batch / (time.perf_counter() - t0)
 
 
-def towerps_rate(args, dataset_name: str, run_dir: str):
+def transports(args) -> list[str]:
+    """The --same-node-transport list (default: TrainConfig's)."""
+    from towerps.cluster import TrainConfig
+
+    return (args.same_node_transport or TrainConfig.same_node_transport).split(",")
+
+
+def in_turns(items: list, round_index: int) -> list:
+    """`items` rotated by the round, so that each goes first as often."""
+    k = round_index % len(items)
+    return items[k:] + items[:k]
+
+
+def towerps_rate(args, dataset_name: str, run_dir: str, transport: str | None = None):
     """Examples/s of a towerps run (1 worker, 1 shard) after the warm-up, and its RunSummary."""
     from towerps.cluster import TrainConfig, train
 
@@ -94,7 +110,7 @@ def towerps_rate(args, dataset_name: str, run_dir: str):
         dataset=dataset_name, data_dir=args.data_dir, download=False, model=args.model,
         num_workers=1, num_ps=1, batch_size=args.batch_size,
         steps=args.warmup_steps + args.steps, optimizer=args.optimizer, log_every=1,
-        run_dir=run_dir,
+        run_dir=run_dir, same_node_transport=transport or TrainConfig.same_node_transport,
     )
     summary = train(config, progress=False)
     records = common.read_metrics(run_dir, args.batch_size)
@@ -124,14 +140,16 @@ def main(argv=None) -> dict:
     dataset_name, dataset = load_data(args)
     model = keras_model(args, dataset)
 
-    rounds = []
+    rounds, kinds = [], transports(args)
     with common.local_ray(num_cpus=4), tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             # A round takes about as long as the first one did.
             if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
                 break
             keras_ex_s = keras_rate(args, dataset, model)
-            towerps_ex_s, summary = towerps_rate(args, dataset_name, os.path.join(tmp, f"r{r}"))
+            runs = {t: towerps_rate(args, dataset_name, os.path.join(tmp, f"r{r}-{t}"), t)
+                    for t in in_turns(kinds, r)}
+            towerps_ex_s, summary = runs[kinds[0]]
             rounds.append({
                 "keras_examples_per_s": keras_ex_s,
                 "towerps_examples_per_s": towerps_ex_s,
@@ -139,6 +157,10 @@ def main(argv=None) -> dict:
                 "towerps_startup_s": summary.startup_s,
                 "towerps_worker_time_s": summary["worker_time_s"],  # as in summary.json
                 "towerps_wire_bytes_per_step": summary.wire_bytes_per_step,
+                "by_transport": {t: {"examples_per_s": ex_s,
+                                     "ratio": ex_s / keras_ex_s if ex_s else None,
+                                     "worker_time_s": s["worker_time_s"]}
+                                 for t, (ex_s, s) in runs.items()},
             })
 
     keras_med = common.median(r["keras_examples_per_s"] for r in rounds)
@@ -147,16 +169,28 @@ def main(argv=None) -> dict:
     ratio_med = common.median(r["ratio"] for r in rounds)
     goals = [common.goal("towerps (1 worker, 1 shard) / single-process Keras, examples/s",
                          ratio, 0.9)]
+    by_transport = {t: {
+        "examples_per_s": common.median(r["by_transport"][t]["examples_per_s"] for r in rounds),
+        "median_of_round_ratios": common.median(r["by_transport"][t]["ratio"] for r in rounds),
+    } for t in kinds}
+    for figures in by_transport.values():
+        figures["ratio"] = figures["examples_per_s"] / keras_med if keras_med else None
     summary = (f"{args.model} batch {args.batch_size}: single-process Keras {keras_med:,.0f} ex/s, "
-               f"towerps 1 worker + 1 shard {towerps_med:,.0f} ex/s, ratio {ratio:.2f} "
-               f"(goal >= 0.9) over {len(rounds)} alternating rounds")
+               f"towerps 1 worker + 1 shard {towerps_med:,.0f} ex/s ({kinds[0]}), ratio "
+               f"{ratio:.2f} (goal >= 0.9) over {len(rounds)} alternating rounds")
+    if len(kinds) > 1:
+        summary += "; by same-node transport: " + ", ".join(
+            f"{t} {f['examples_per_s']:,.0f} ex/s ({f['ratio']:.2f})"
+            for t, f in by_transport.items())
     return common.write_result(
         args, budget=budget, goals=goals, summary=summary,
         inputs={"model": args.model, "dataset": dataset_name, "batch_size": args.batch_size,
                 "optimizer": args.optimizer, "steps": args.steps,
-                "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds},
+                "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds,
+                "same_node_transports": kinds},
         figures={"keras_examples_per_s": keras_med, "towerps_examples_per_s": towerps_med,
-                 "ratio": ratio, "median_of_round_ratios": ratio_med, "rounds": rounds},
+                 "ratio": ratio, "median_of_round_ratios": ratio_med,
+                 "by_transport": by_transport, "rounds": rounds},
     )
 
 

@@ -61,6 +61,9 @@ def add_flags(parser) -> None:
     add("--steps", type=int, default=50, help="timed global batches per system and round")
     add("--warmup-steps", type=int, default=5)
     add("--rounds", type=int, default=2)
+    add("--same-node-transport", default=None, metavar="T[,T]",
+        help="towerps' same-node transport(s): shm, grpc or both, each measured every round "
+        "in turns (default: TrainConfig's); the first gives the 'towerps' figures")
     add("--role", choices=("main", "pss-chief", "pss-server"), default="main", help="(internal)")
     add("--cluster", default=None, help="(internal)")
     add("--job", default=None, help="(internal)")
@@ -252,13 +255,13 @@ def tf_pss_rates(args, rounds: int, timeout_s: float) -> list[float]:
 
 # --- the run ----------------------------------------------------------------------
 
-def towerps_rate(args, run_dir: str) -> float:
+def towerps_rate(args, run_dir: str, transport: str) -> float:
     from towerps.cluster import TrainConfig, train
 
     config = TrainConfig(dataset=args.dataset, download=False, model=args.model,
                          num_workers=NUM_WORKERS, num_ps=NUM_WORKERS, batch_size=args.batch_size,
                          steps=args.warmup_steps + args.steps, optimizer=args.optimizer,
-                         log_every=1, run_dir=run_dir)
+                         log_every=1, run_dir=run_dir, same_node_transport=transport)
     train(config, progress=False)
     return common.rate_between(common.read_metrics(run_dir, args.batch_size), args.warmup_steps)
 
@@ -279,16 +282,18 @@ def main(argv=None) -> dict:
     model = overhead.keras_model(args, dataset)
     initial = Tower(model).get_weights()
 
-    rounds = []
+    rounds, kinds = [], overhead.transports(args)
     with common.local_ray(num_cpus=8), tempfile.TemporaryDirectory() as tmp:
         ray_ps = RayPS(args, initial, DEFAULT_LR["adam"])
         try:
             for r in range(args.rounds):
                 if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
                     break
-                rates = {"keras": overhead.keras_rate(args, dataset, model),
-                         "towerps": towerps_rate(args, os.path.join(tmp, f"r{r}")),
-                         "ray_ps": ray_ps.rate(args.warmup_steps, args.steps, args.batch_size)}
+                rates = {"keras": overhead.keras_rate(args, dataset, model)}
+                for t in overhead.in_turns(kinds, r):
+                    rates[f"towerps_{t}"] = towerps_rate(args, os.path.join(tmp, f"r{r}-{t}"), t)
+                rates["towerps"] = rates[f"towerps_{kinds[0]}"]
+                rates["ray_ps"] = ray_ps.rate(args.warmup_steps, args.steps, args.batch_size)
                 rounds.append(rates)
         finally:
             ray_ps.close()
@@ -297,8 +302,12 @@ def main(argv=None) -> dict:
     for rates, tf_rate in zip(rounds, tf_pss_rates(args, len(rounds), max(120.0, budget.left_s()))):
         rates["tf_pss"] = tf_rate
 
-    med = {s: common.median(r[s] for r in rounds) for s in SYSTEMS}
+    systems = (*SYSTEMS, *(f"towerps_{t}" for t in kinds))
+    med = {s: common.median(r[s] for r in rounds) for s in systems}
     best_peer = max(("ray_ps", "tf_pss"), key=lambda s: med[s])
+    by_transport = {t: {"examples_per_s": med[f"towerps_{t}"],
+                        "vs_keras": med[f"towerps_{t}"] / med["keras"],
+                        "vs_best_peer": med[f"towerps_{t}"] / med[best_peer]} for t in kinds}
     vs_peer = med["towerps"] / med[best_peer]
     vs_keras = med["towerps"] / med["keras"]
     goals = [common.goal(f"towerps / the better peer ({best_peer}), examples/s", vs_peer, 1.1),
@@ -307,14 +316,20 @@ def main(argv=None) -> dict:
     summary = (f"{args.model} global batch {args.batch_size}, 2 workers: towerps {med['towerps']:,.0f} "
                f"ex/s, ray_ps {med['ray_ps']:,.0f}, tf_pss {med['tf_pss']:,.0f}, single-process "
                f"keras {med['keras']:,.0f}; towerps/{best_peer} {vs_peer:.2f} (goal >= 1.1), "
-               f"towerps/keras {vs_keras:.2f} (goal >= 0.9)")
+               f"towerps/keras {vs_keras:.2f} (goal >= 0.9); towerps's same-node transport "
+               f"{kinds[0]}")
+    if len(kinds) > 1:
+        summary += "; by transport, over the best peer / keras: " + ", ".join(
+            f"{t} {f['vs_best_peer']:.2f} / {f['vs_keras']:.2f}" for t, f in by_transport.items())
     return common.write_result(
         args, budget=budget, goals=goals, summary=summary,
         inputs={"model": args.model, "dataset": args.dataset, "global_batch_size": args.batch_size,
                 "optimizer": args.optimizer, "num_workers": NUM_WORKERS, "num_ps": NUM_WORKERS,
-                "steps": args.steps, "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds},
-        figures={"examples_per_s": med, "vs_keras": {s: med[s] / med["keras"] for s in SYSTEMS},
-                 "towerps_vs_best_peer": vs_peer, "best_peer": best_peer, "rounds": rounds},
+                "steps": args.steps, "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds,
+                "same_node_transports": kinds},
+        figures={"examples_per_s": med, "vs_keras": {s: med[s] / med["keras"] for s in systems},
+                 "towerps_vs_best_peer": vs_peer, "best_peer": best_peer,
+                 "by_transport": by_transport, "rounds": rounds},
         notes=["keras, towerps and ray_ps alternate within each round; tf_pss runs after them, "
                "its rounds back to back in one cluster.",
                "tf_pss is asynchronous by design (each scheduled step applies its own gradient "

@@ -17,8 +17,11 @@ at most `--tensor-mb`), two fresh processes on loopback:
           applies (SGD) and a pull of the new version; the peak RSS of both
           processes (VmHWM) is read right then, so it is the memory of one
           sync step at that size. Then `--reps` rounds that alternate
-          gRPC push, bare push, raw TCP send, gRPC pull, bare pull, raw TCP
-          receive of the same bytes. The timed gRPC pushes repeat the applied step, so the shard
+          gRPC push, bare push, raw TCP send, same-node push, gRPC pull,
+          bare pull, raw TCP receive, same-node pull of the same bytes
+          (same-node: a second `PSClient` whose tensors go through /dev/shm
+          segments, the shard started with the same-node transport;
+          `shm_*_vs_grpc` is its rate over the gRPC path's). The timed gRPC pushes repeat the applied step, so the shard
           decodes every byte and answers ALREADY_APPLIED: the data path
           alone, no optimizer. The timed pulls read the version's snapshot.
 
@@ -60,7 +63,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from benchmarks import _common as common  # noqa: E402
 
 MB = 10**6
-OPS = ("grpc_push", "bare_push", "tcp_send", "grpc_pull", "bare_pull", "tcp_recv")  # each round
+# Each round; shm_*: the same client calls with the same-node transport on (plaintext only).
+OPS = ("grpc_push", "bare_push", "tcp_send", "shm_push",
+       "grpc_pull", "bare_pull", "tcp_recv", "shm_pull")
 TLS_OPS = ("grpc_push", "tcp_send", "grpc_pull", "tcp_recv")  # the bare stream runs plaintext
 BARE_PUSH, BARE_PULL = "/bare.Bytes/Push", "/bare.Bytes/Pull"
 _HEADER = struct.Struct("<cQ")  # TCP: op (b"P" receive n bytes, b"G" send n bytes), n
@@ -83,6 +88,7 @@ def add_flags(parser) -> None:
     add("--rep-count", type=int, default=None, help="(internal)")
     add("--secrets-dir", default=None, help="(internal) the token file and TLS files")
     add("--tls", action="store_true", help="(internal) mutual TLS")
+    add("--segment-prefix", default=None, help="(internal) the same-node transport's")
 
 
 def tensors_of(total_mb: float, tensor_mb: float, fill: float):
@@ -111,7 +117,8 @@ def serve_shard(args) -> None:
     shard = Shard(0, variables, make_optimizer("sgd", 1e-3), num_workers=1)
     del variables
     secret, tls = _secrets(args)
-    server, port = create_server(shard, "127.0.0.1:0", credentials=ShardCredentials(secret, tls))
+    server, port = create_server(shard, "127.0.0.1:0", credentials=ShardCredentials(secret, tls),
+                                 same_node=args.segment_prefix)
     bare, bare_port = _bare_server()
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_tcp_serve, args=(listener,), daemon=True).start()
@@ -210,6 +217,7 @@ def run_client(args) -> None:
     from towerps.ps.placement import plan_placement
     from towerps.ps.shard import PushOutcome
     from towerps.workers.client import PSClient
+    from towerps.workers.same_node import SameNode
 
     grads = tensors_of(args.mb, args.tensor_mb, 1e-3)
     nbytes = sum(g.nbytes for g in grads.values())
@@ -217,6 +225,10 @@ def run_client(args) -> None:
     secret, tls = _secrets(args)
     client = PSClient([f"127.0.0.1:{args.port}"], plan,
                       credentials=Credentials(worker_token(secret, 0), tls))
+    # The same calls with the same-node transport: tensors through /dev/shm.
+    shm_client = PSClient([f"127.0.0.1:{args.port}"], plan,
+                          credentials=Credentials(worker_token(secret, 0), tls),
+                          same_node=SameNode(args.segment_prefix, 0, (0,)))
     bare_push, bare_pull = _bare_stubs(args.bare_port)
     bare_chunks = _chunks_of(grads)
     tcp = socket.create_connection(("127.0.0.1", args.tcp_port))
@@ -258,6 +270,14 @@ def run_client(args) -> None:
         outcome = client.push(0, 0, grads, num_examples=1, loss=0.0)
         assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
 
+    def shm_push():
+        outcome = shm_client.push(0, 0, grads, num_examples=1, loss=0.0)
+        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
+
+    def shm_pull():
+        _, pulled = shm_client.pull(min_version=1, timeout_s=300.0)
+        assert sum(p.nbytes for p in pulled.values()) == nbytes
+
     def tcp_send():
         tcp.sendall(_HEADER.pack(b"P", nbytes))
         for g in grads.values():
@@ -284,13 +304,15 @@ def run_client(args) -> None:
         _recv_into(tcp, memoryview(recv_buf))
 
     fns = {"grpc_push": grpc_push, "bare_push": bare_send, "tcp_send": tcp_send,
-           "grpc_pull": grpc_pull, "bare_pull": bare_recv, "tcp_recv": tcp_recv}
+           "grpc_pull": grpc_pull, "bare_pull": bare_recv, "tcp_recv": tcp_recv,
+           "shm_push": shm_push, "shm_pull": shm_pull}
     for _ in range(args.rep_count):
         for op in ops:
             timed(op, fns[op])
     assert np.frombuffer(recv_buf, np.float32)[0] == np.float32(1e-3)  # the bytes sent
     tcp.close()
     client.close()
+    shm_client.close()
     print(json.dumps({"parameter_bytes": nbytes, "num_tensors": len(grads), **memory, **times,
                       "cpu_s": cpu}), flush=True)
 
@@ -346,8 +368,12 @@ def write_secrets(path: str) -> None:
 
 def measure_size(args, mb: float, reps: int, timeout_s: float, tls: bool = False) -> dict:
     """Run the shard and client processes of one size; returns the client's figures."""
+    from towerps.shm import new_run_prefix, sweep
+
+    prefix = new_run_prefix()
     common_flags = ["--mb", str(mb), "--tensor-mb", str(args.tensor_mb),
-                    "--secrets-dir", args.secrets_dir, *(["--tls"] if tls else [])]
+                    "--secrets-dir", args.secrets_dir, "--segment-prefix", prefix,
+                    *(["--tls"] if tls else [])]
     shard = common.run_module_child(__file__, ["--role", "shard", *common_flags],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -369,6 +395,7 @@ def measure_size(args, mb: float, reps: int, timeout_s: float, tls: bool = False
         except subprocess.TimeoutExpired:
             shard.kill()
             shard.wait()
+        sweep(prefix)  # a failed client's segments
 
 
 def _readline(stream, timeout_s: float) -> str:
@@ -397,6 +424,9 @@ def summarise(raw: dict) -> dict:
     if "bare_push_mb_per_s" in rate:  # towerps' gRPC path over grpcio's own ceiling
         out["push_vs_bare"] = rate["grpc_push_mb_per_s"] / rate["bare_push_mb_per_s"]
         out["pull_vs_bare"] = rate["grpc_pull_mb_per_s"] / rate["bare_pull_mb_per_s"]
+    if "shm_push_mb_per_s" in rate:  # the same-node transport over the gRPC path
+        out["shm_push_vs_grpc"] = rate["shm_push_mb_per_s"] / rate["grpc_push_mb_per_s"]
+        out["shm_pull_vs_grpc"] = rate["shm_pull_mb_per_s"] / rate["grpc_pull_mb_per_s"]
     for proc in ("client", "shard"):
         before, hwm = raw[f"{proc}_rss_before_bytes"], raw[f"{proc}_hwm_bytes"]
         out[f"{proc}_rss_before_bytes"] = before
@@ -456,7 +486,9 @@ def main(argv=None) -> dict:
              f"(bare gRPC {f['bare_push_mb_per_s']:,.0f}/{f['bare_pull_mb_per_s']:,.0f}, "
              f"TCP {f['tcp_send_mb_per_s']:,.0f}/{f['tcp_recv_mb_per_s']:,.0f}; "
              f"over bare {f['push_vs_bare']:.2f}/{f['pull_vs_bare']:.2f}, "
-             f"over TCP {f['push_vs_tcp']:.2f}/{f['pull_vs_tcp']:.2f}; peak RSS shard "
+             f"over TCP {f['push_vs_tcp']:.2f}/{f['pull_vs_tcp']:.2f}; same-node shm "
+             f"{f['shm_push_mb_per_s']:,.0f}/{f['shm_pull_mb_per_s']:,.0f}, over gRPC "
+             f"{f['shm_push_vs_grpc']:.2f}/{f['shm_pull_vs_grpc']:.2f}; peak RSS shard "
              f"{f['shard_hwm_bytes'] / MB:,.0f} MB, client {f['client_hwm_bytes'] / MB:,.0f} MB)"
              for k, f in per_size.items()]
     summary = "; ".join(parts) + (f"; worst ratio over bare gRPC {worst_bare:.2f} (goal >= 0.9), "
