@@ -135,7 +135,7 @@ def _add_job_flags(parser) -> None:
     add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
     add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
         help="dtype of gradients and parameters on the wire; shards still apply in float32")
-    add("--same-node-transport", choices=TRANSPORTS, default="grpc",
+    add("--same-node-transport", choices=TRANSPORTS, default="shm",
         help="a worker and a shard on one node pass tensors through shared memory (shm) "
         "or over gRPC like any other pair (default: %(default)s)")
     add("--checkpoint-every", type=int, default=0, metavar="N",

@@ -63,7 +63,7 @@ class TrainConfig:
     wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
     # A worker and a shard on the same node: tensor bytes through shared
     # memory ("shm", src/towerps/shm.py) or, like other pairs, gRPC chunks.
-    same_node_transport: str = "grpc"
+    same_node_transport: str = "shm"
     # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
     slow_worker: str | None = None
     # TEST ONLY: a workers/faults.py Faults whose holds and deaths workers

@@ -72,8 +72,12 @@ def test_scaling(tmp_path):
 
 def test_peers(tmp_path):
     figures = run_bench("peers", tmp_path)["figures"]
-    assert set(figures["examples_per_s"]) == {"keras", "towerps", "ray_ps", "tf_pss"}
+    # towerps: with the default same-node transport (shared memory), also under its name.
+    assert set(figures["examples_per_s"]) == {"keras", "towerps", "ray_ps", "tf_pss",
+                                              "towerps_shm"}
     assert all(rate > 0 for rate in figures["examples_per_s"].values())
+    assert figures["examples_per_s"]["towerps"] == figures["examples_per_s"]["towerps_shm"]
+    assert set(figures["by_transport"]) == {"shm"}
 
 
 def test_convergence(tmp_path):
