@@ -8,7 +8,10 @@ A real shard (`Shard` behind `create_server`, with credentials) runs in a
 process of its own on 127.0.0.1; hypothesis generates calls with valid
 credentials (worker 0's token) but malformed, truncated, oversized and
 mismatched messages and hostile field values (NaN, infinity, huge and
-negative numbers, unknown dtypes, other ranks). Checked after every case:
+negative numbers, unknown dtypes, other ranks), and same-node calls whose
+segment names and tensor descriptions (offset, length, dtype, shape, name)
+are hostile, against a /dev/shm segment this process owns and filled with a
+valid gradient. Checked after every case:
 the status code is one a client may branch on (never UNKNOWN or INTERNAL),
 the shard process is alive, and the parameters' checksum is unchanged (the
 shard has two workers and only worker 0 pushes, so no push can complete a
@@ -51,11 +54,12 @@ def add_flags(parser) -> None:
     parser.add_argument("--cases", type=int, default=10_000, help="cases to run (default %(default)s)")
     parser.add_argument("--role", choices=("main", "shard"), default="main", help="(internal)")
     parser.add_argument("--token-file", default=None, help="(internal)")
+    parser.add_argument("--segment-prefix", default=None, help="(internal)")
 
 
 # --- the shard process --------------------------------------------------------------
 
-def serve_shard(token_file: str) -> None:
+def serve_shard(token_file: str, segment_prefix: str) -> None:
     """A shard with credentials on 127.0.0.1; one JSON line, then runs until stdin closes."""
     import numpy as np
 
@@ -68,7 +72,8 @@ def serve_shard(token_file: str) -> None:
     shard = Shard(0, variables, make_optimizer("sgd", 0.1), num_workers=2,
                   max_examples=GLOBAL_BATCH)
     credentials = ShardCredentials(read_token_file(token_file))
-    server, port = create_server(shard, "127.0.0.1:0", ShardLimits(idle_stream_s=5.0), credentials)
+    server, port = create_server(shard, "127.0.0.1:0", ShardLimits(idle_stream_s=5.0), credentials,
+                                 same_node=segment_prefix)
     print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
     sys.stdin.read()
     shard.close()
@@ -82,19 +87,35 @@ class ShardProcess:
         import grpc
 
         from towerps.auth import bearer, new_job_secret, worker_token, write_token_file
+        from towerps.shm import new_run_prefix
 
         self._dir = tempfile.TemporaryDirectory(prefix="towerps-fuzz-")
+        self.prefix = new_run_prefix()
         secret = new_job_secret()
         token_file = os.path.join(self._dir.name, "token")
         write_token_file(token_file, secret)  # the secret never goes on a command line
         self.process = common.run_module_child(
-            __file__, ["--role", "shard", "--token-file", token_file],
+            __file__, ["--role", "shard", "--token-file", token_file,
+                       "--segment-prefix", self.prefix],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = json.loads(self.process.stdout.readline())
         self.pid = ready["pid"]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{ready['port']}")
         self.worker = bearer(worker_token(secret, 0))
         self.driver = bearer(secret)
+        self.segments, self.shared = self._segments()
+
+    def _segments(self):
+        """Worker 0's same-node segments with the shard, the push one holding a
+        valid gradient; and its descriptions."""
+        import numpy as np
+
+        from towerps.workers.same_node import PairSegments
+
+        nbytes = sum(4 * math.prod(s) for s in VARIABLES.values())
+        pair = PairSegments(self.prefix, 0, 0, nbytes)
+        grads = {n: np.full(s, 1e-3, np.float32) for n, s in VARIABLES.items()}
+        return pair, list(pair.write_push(grads, None))
 
     def checksum(self) -> str:
         """SHA-256 of every parameter byte, pulled with the driver's token."""
@@ -122,6 +143,10 @@ class ShardProcess:
         return common.proc_status_bytes("VmRSS", self.pid)
 
     def close(self) -> None:
+        from towerps.shm import sweep
+
+        self.segments.close()
+        sweep(self.prefix)
         self.channel.close()
         self.process.stdin.close()
         try:
@@ -134,9 +159,11 @@ class ShardProcess:
 
 # --- the cases ----------------------------------------------------------------------
 
-def strategies():
+def strategies(segments=None, shared=()):
     """A hypothesis strategy of cases: ("push", [message bytes]), ("pull", request
-    bytes) or ("status", request bytes)."""
+    bytes) or ("status", request bytes). With `segments` (worker 0's
+    PairSegments) and `shared` (the valid descriptions of its push segment):
+    same-node pushes and pulls too."""
     import numpy as np
     from hypothesis import strategies as st
 
@@ -188,8 +215,54 @@ def strategies():
         st.binary(max_size=32))
     status = st.one_of(st.builds(pb.StatusRequest, since_version=int_of(64))
                        .map(lambda r: r.SerializeToString()), st.binary(max_size=32))
+    if segments is not None:
+        push, pull = _same_node_cases(st, int_of, header, segments, shared, push, pull)
     return st.one_of(st.tuples(st.just("push"), push), st.tuples(st.just("pull"), pull),
                      st.tuples(st.just("status"), status))
+
+
+def _same_node_cases(st, int_of, header, segments, shared, push, pull):
+    """`push` and `pull` with same-node calls added: segment names of this
+    run and others, paths and junk; descriptions valid or with hostile fields."""
+    from towerps.proto import towerps_pb2 as pb
+
+    names = st.one_of(
+        st.sampled_from([str(segments.push_name), str(segments.pull_name),
+                         str(segments.push_name).replace("-s0-", "-s1-"),
+                         str(segments.push_name).replace("-w0-", "-w1-"),
+                         "towerps-0123456789abcdef-w0-s0-p1-0-push", "../../etc/passwd",
+                         "/dev/shm/" + str(segments.push_name), ""]),
+        st.text(max_size=40))
+    entry = st.builds(
+        pb.SharedTensor, name=st.one_of(st.sampled_from(sorted(VARIABLES)), st.text(max_size=8)),
+        dtype=st.one_of(st.just(pb.FLOAT32), st.integers(-2, 9)),
+        shape=st.one_of(st.sampled_from([list(s) for s in VARIABLES.values()]),
+                        st.lists(int_of(64), max_size=40)),
+        offset=st.one_of(st.sampled_from([0, 4, segments.nbytes, segments.nbytes - 160]),
+                         int_of(64)),
+        length=st.one_of(st.sampled_from([160, 48_000, segments.nbytes, 0]), int_of(64)))
+    valid = [pb.SharedTensor().FromString(e.SerializeToString()) for e in shared]
+    described = st.one_of(st.just(valid), st.lists(entry, max_size=4),
+                          st.tuples(st.integers(0, len(valid) - 1), entry).map(
+                              lambda t: [*valid[:t[0]], t[1], *valid[t[0] + 1:]]))
+
+    def shared_push(args):
+        head, name, entries, chunks = args
+        head.segment = name
+        head.ClearField("shared")
+        head.shared.extend(entries)
+        return [pb.PushRequest(header=head).SerializeToString(), *chunks]
+
+    good_head = st.builds(pb.PushHeader, worker_rank=st.just(0), step=st.just(0),
+                          num_examples=st.just(1), num_tensors=st.just(0))
+    chunk_bytes = st.lists(st.binary(max_size=32), max_size=2)
+    shared_pushes = st.tuples(st.one_of(good_head, header), names, described,
+                              st.one_of(st.just([]), chunk_bytes)).map(shared_push)
+    shared_pulls = st.builds(
+        pb.PullRequest, min_version=st.one_of(st.just(0), int_of(64)),
+        timeout_s=st.sampled_from([0.0, 1.0]), wire_dtype=st.integers(0, 4),
+        segment=names).map(lambda r: r.SerializeToString())
+    return st.one_of(push, shared_pushes), st.one_of(pull, shared_pulls)
 
 
 def _mangle(args):
@@ -253,7 +326,7 @@ def fuzz(shard: ShardProcess, cases: int, seed: int | None = None) -> dict:
 
     @settings(max_examples=cases, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(strategies())
+    @given(strategies(shard.segments, shard.shared))
     def one(case):
         code = run_case(shard, case)
         codes[code] = codes.get(code, 0) + 1
@@ -266,7 +339,7 @@ def fuzz(shard: ShardProcess, cases: int, seed: int | None = None) -> dict:
 def main(argv=None) -> dict:
     args = common.parse_args("fuzz", __doc__, argv, add_flags)
     if args.role == "shard":
-        return serve_shard(args.token_file)
+        return serve_shard(args.token_file, args.segment_prefix)
     cases = 200 if args.tiny else args.cases
     shard = ShardProcess()
     try:
