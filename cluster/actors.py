@@ -241,7 +241,7 @@ class WorkerActor:
         faults = job.faults or Faults()
         towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                   wrap=faults.wrap_towers, loss=job.loss)
-        self._same_node = _same_node(job, self._rank)
+        self._same_node = same_node_of(job, self._rank, ray.get_runtime_context().get_node_id())
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials,
                           same_node=self._same_node)
         # A redirect's new client: the same credentials, the same test seams.
@@ -277,13 +277,13 @@ class WorkerActor:
         return None if self._worker is None else self._worker.progress()
 
 
-def _same_node(job: WorkerJob, rank: int):
-    """The SameNode of worker `rank` in this process: the shards on its Ray
-    node (same node id: a shard elsewhere, even on this machine, is reached
-    over gRPC); None when the run passes every tensor over gRPC."""
+def same_node_of(job: WorkerJob, rank: int, here: str):
+    """The SameNode of worker `rank` on Ray node `here`: the shards with that
+    node id (a shard on another node, even one on this machine, is reached
+    over gRPC); None when there are none or the run passes every tensor
+    over gRPC."""
     from towerps.workers.same_node import SameNode
 
-    here = ray.get_runtime_context().get_node_id()
     shards = tuple(k for k, node in enumerate(job.shard_nodes) if node == here)
     if job.same_node is None or not shards:
         return None
