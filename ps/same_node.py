@@ -43,6 +43,8 @@ class SameNodeSegments:
         fd, _ = open_segment(name, writable=False)
         try:
             return read_tensors(fd, header.shared, specs)
+        except OSError as err:
+            raise BadRequest(f"segment {name} could not be read ({err.strerror})") from None
         finally:
             os.close(fd)
 
@@ -55,6 +57,9 @@ class SameNodeSegments:
         fd, size = open_segment(name, writable=True)
         try:
             return write_tensors(fd, params, wire_dtype, size)
+        except OSError as err:  # a segment the worker shrank or punched holes in, /dev/shm full
+            raise BadRequest(f"segment {name} could not take the parameters "
+                             f"({err.strerror}); pull without a segment") from None
         finally:
             os.close(fd)
 

@@ -35,6 +35,8 @@ float32, and pulled parameters are widened to float32 here.
 
 from __future__ import annotations
 
+import errno
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +60,7 @@ from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
 from towerps.workers.same_node import PairSegments, SameNode
 
+logger = logging.getLogger(__name__)
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OUTCOMES = {pb.PushReply.Outcome.Value(o.name): o for o in PushOutcome}  # same names
@@ -134,7 +137,13 @@ class PSClient:
         segments: dict[int, PairSegments] = {}
         try:
             for k in same_node.shards:
-                segments[k] = PairSegments(same_node.prefix, same_node.rank, k, load[k])
+                try:
+                    segments[k] = PairSegments(same_node.prefix, same_node.rank, k, load[k])
+                except OSError as err:
+                    if err.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                        raise
+                    logger.warning("no room in /dev/shm for %d bytes of segments with shard "
+                                   "%d (%s): its tensors go over gRPC", 2 * load[k], k, err)
         except BaseException:
             for pair in segments.values():
                 pair.close()

@@ -8,8 +8,9 @@
 
 The worker owns its segments: it creates two files per shard on its node
 (it writes pushes into one, the shard writes pulls into the other), sized
-for the shard's tensors in float32, and removes them when its client
-closes. A worker killed with SIGKILL cannot: its replacement removes the
+for the shard's tensors in float32 and allocated at once (a /dev/shm too
+small for them fails at creation, not mid-run), and removes them when its
+client closes. A worker killed with SIGKILL cannot: its replacement removes the
 files of its rank whose creator is dead when it starts, and the driver and
 the shards remove every file of the run at its end.
 
@@ -61,7 +62,11 @@ class PairSegments:
             for name in (self.push_name, self.pull_name):
                 fd = os.open(name.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 self._fds.append(fd)
-                os.ftruncate(fd, nbytes)  # sparse: memory is taken as bytes are written
+                os.ftruncate(fd, nbytes)
+                # Taken now, not at the first write: a full /dev/shm fails here
+                # (ENOSPC), where the client can still choose gRPC instead.
+                if nbytes:
+                    os.posix_fallocate(fd, 0, nbytes)
         except BaseException:
             self.close()
             raise

@@ -81,3 +81,22 @@ def test_a_segment_that_shrank_is_refused_before_it_is_read():
             read_tensors(pair._fds[0], shared, {"a": TensorSpec(np.dtype(np.float32), (100,))})
     finally:
         pair.close()
+
+
+def test_a_shard_whose_segments_do_not_fit_in_dev_shm_is_reached_over_grpc():
+    from towerps.ps import plan_placement
+    from towerps.workers.client import PSClient
+    from towerps.workers.same_node import SameNode
+
+    prefix = new_run_prefix()
+    shapes = {"small": (1000,), "huge": (1 << 46,)}  # 256 TiB of float32: no /dev/shm holds it
+    plan = plan_placement(shapes, 2, keep_whole=True)
+    client = PSClient(["127.0.0.1:1", "127.0.0.1:2"], plan, same_node=SameNode(prefix, 0, (0, 1)))
+    try:
+        huge = next(s.shard for s in plan.slices if s.variable == "huge")
+        assert not client.uses_shared_memory(huge)
+        assert client.uses_shared_memory(1 - huge)
+        assert len([n for n in os.listdir("/dev/shm") if n.startswith(prefix)]) == 2
+    finally:
+        client.close()
+    assert sweep(prefix) == []
