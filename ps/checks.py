@@ -27,6 +27,9 @@ class PushRules:
     num_workers: int  # ranks 0..num_workers-1 may push
     specs: Mapping[str, TensorSpec]  # exactly these tensors, of these dtypes and shapes
     max_examples: int | None = None  # a push carries at most one global batch; None: no bound
+    # After a node was lost (sync): the ranks that make a step and the rows
+    # each pushes (Shard.set_workers); None: every rank, any count up to the batch.
+    rows: Mapping[int, int] | None = None
 
     def push(self, version: int, worker_rank: int, step: int, grads: Mapping[str, np.ndarray],
              num_examples: int, loss: float) -> None:
@@ -38,6 +41,12 @@ class PushRules:
             raise BadRequest(
                 f"num_examples {num_examples} is more than the global batch of "
                 f"{self.max_examples}; a push carries at most one global batch"
+            )
+        if self.rows is not None and num_examples != self.rows[worker_rank]:
+            raise StepMismatch(
+                f"shard {self.index}: worker {worker_rank} pushed {num_examples} examples for "
+                f"step {step}, but its share of the global batch is {self.rows[worker_rank]} "
+                "rows since a node was lost; train on the rows of the latest redirect"
             )
         if not math.isfinite(loss):
             raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")
@@ -56,6 +65,12 @@ class PushRules:
         if not 0 <= worker_rank < self.num_workers:
             raise BadTensor(  # BadTensor, as callers have always caught
                 f"worker_rank {worker_rank} is outside 0..{self.num_workers - 1}"
+            )
+        if self.rows is not None and worker_rank not in self.rows:
+            raise StepMismatch(
+                f"shard {self.index}: worker {worker_rank} is no longer one of the job's "
+                f"workers ({sorted(self.rows)}): its node was lost and the others took "
+                "over its rows"
             )
         if step < 0:
             raise BadRequest(f"step {step} is negative; steps count versions from 0")

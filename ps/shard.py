@@ -324,6 +324,25 @@ class Shard:
             self._checkpoint_sink(state, time.perf_counter() - t0)
         self._lock.notify_all()
 
+    def set_workers(self, rows: Mapping[int, int]) -> None:
+        """Sync, after a node was lost: from now on a step is made by the pushes
+        of the ranks in `rows` (rank -> the rows of the global batch it trains
+        on), and a push from another rank, or with another number of
+        examples, is refused (StepMismatch) before it touches anything.
+
+        Changes neither the step being gathered nor the exactly-once table:
+        call `restore` next, which drops the step (a push of the old split in
+        it would be counted wrong). Raises ValueError for a rank outside
+        0..num_workers-1 or no rank at all.
+        """
+        if not rows or not all(0 <= r < self.num_workers for r in rows):
+            raise ValueError(f"ranks {sorted(rows)} are not a non-empty subset of "
+                             f"0..{self.num_workers - 1}")
+        with self._lock:
+            self._rules = replace(self._rules, rows=dict(rows))
+            # At least one push makes a step, whatever the backup workers.
+            self._quorum = max(1, len(rows) - self.mode.backup_workers)
+
     def worker_position(self, worker_rank: int) -> tuple[int, int]:
         """(the latest step `worker_rank` pushed here, its clock: the pushes of
         it taken before the end). What a replacement of a dead worker starts

@@ -10,6 +10,10 @@ then publishes a Redirect: the shards' addresses (a replaced shard listens
 elsewhere) and the version they are at. A worker whose call fails while a
 recovery is under way waits here for it, and goes on from `version`; one
 that saw no error picks the new shards up at its next step.
+
+After a node was lost for good, a Redirect also names the ranks still
+training (`ranks`): from `version` on, each global batch is split over them
+alone (`share_rows`), so the live workers take over the dead ones' rows.
 """
 
 from __future__ import annotations
@@ -24,6 +28,20 @@ class Redirect:
     addresses: tuple[str, ...]  # every shard's, by index
     version: int  # every shard was restored to it: train on from there
     data_steps: tuple[int, ...] | None = None  # async/ssp: each rank's clock at `version`
+    ranks: tuple[int, ...] | None = None  # the ranks sharing each global batch; None: all
+
+
+def share_rows(global_batch: int, ranks) -> dict[int, slice]:
+    """Each of `ranks`' contiguous rows of a global batch split over them, in
+    rank order, as evenly as the batch allows (sizes differ by at most one).
+
+    With every rank of a job whose batch splits evenly this is each worker's
+    usual slice (WorkerSpec.batch_slice). The shard weighs pushes by their
+    examples, so unequal shares still give the mean gradient of the batch.
+    """
+    ranks = sorted(ranks)
+    bounds = [i * global_batch // len(ranks) for i in range(len(ranks) + 1)]
+    return {r: slice(bounds[i], bounds[i + 1]) for i, r in enumerate(ranks)}
 
 
 class Redirects:

@@ -39,7 +39,7 @@ from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
 from towerps.workers.client import PSClient
 from towerps.workers.data import DataSet
-from towerps.workers.redirect import Redirect, Redirects
+from towerps.workers.redirect import Redirect, Redirects, share_rows
 from towerps.workers.tower import Tower
 
 
@@ -110,6 +110,9 @@ class Worker:
         self.redirects = Redirects()
         self._client_lock = threading.Lock()
         self.report = WorkerReport(rank=spec.rank)  # updated as run() goes
+        # This worker's rows of each global batch: its own slice, until a
+        # redirect after a node's loss hands it a share of the dead ones' rows.
+        self.part = spec.batch_slice
 
     def redirect(self, target: Redirect, client: PSClient) -> None:
         """Train on with `client` (to the shards of `target`) from `target.version`.
@@ -163,6 +166,8 @@ class Worker:
                     break  # the run is over
             if target is not None:
                 report.recoveries += 1
+                if target.ranks is not None:
+                    self.part = share_rows(spec.global_batch_size, target.ranks)[spec.rank]
                 wanted = target.version
                 own_step = target.data_steps[spec.rank] if target.data_steps else wanted
             else:
@@ -186,7 +191,7 @@ class Worker:
         self.tower.set_weights(params)
         t1 = time.perf_counter()
         data_step = version if spec.mode.batches_by_version else own_step
-        x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, spec.batch_slice)
+        x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, self.part)
         grads, loss = self.tower.compute_gradients(x, y)
         if spec.global_clipnorm:
             clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)

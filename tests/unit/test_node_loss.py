@@ -1,0 +1,71 @@
+"""A node lost for good: the live workers take over the dead ones' rows, and
+the shards make each step from their pushes alone (ps/shard.py set_workers,
+workers/redirect.py share_rows)."""
+
+import numpy as np
+import pytest
+
+from towerps.errors import StepMismatch
+from towerps.ps.modes import Mode
+from towerps.ps.optimizers import make_optimizer
+from towerps.ps.shard import PushOutcome, Shard
+from towerps.workers.redirect import share_rows
+
+pytestmark = pytest.mark.unit
+
+
+def make_shard(num_workers=3, mode=None):
+    variables = {"w": np.array([1.0, 2.0], np.float32)}
+    return Shard(0, variables, make_optimizer("sgd", 0.5), num_workers, mode, max_examples=64)
+
+
+def grads(value):
+    return {"w": np.full(2, value, np.float32)}
+
+
+def test_share_rows_is_the_usual_split_with_every_rank_and_covers_the_batch_without_some():
+    assert share_rows(64, [0, 1]) == {0: slice(0, 32), 1: slice(32, 64)}
+    shares = share_rows(64, [2, 0])  # rank 1 lost: 0 and 2 take its rows, in rank order
+    assert shares == {0: slice(0, 32), 2: slice(32, 64)}
+    uneven = share_rows(10, [0, 1, 3])
+    rows = [i for r in sorted(uneven) for i in range(10)[uneven[r]]]
+    assert rows == list(range(10))  # every row once, none twice
+    assert sorted(s.stop - s.start for s in uneven.values()) == [3, 3, 4]
+
+
+def test_after_set_workers_the_live_ranks_alone_make_a_step():
+    shard = make_shard(num_workers=3)
+    before = shard.export_state()
+    shard.push(1, 0, grads(9.0), 21)  # the lost rank's push, then its node dies
+    shard.set_workers({0: 32, 2: 32})
+    shard.restore(before)  # the recovery's rollback drops the half-gathered step
+    assert shard.push(0, 0, grads(1.0), 32).outcome == PushOutcome.BUFFERED
+    result = shard.push(2, 0, grads(3.0), 32)
+    assert (result.outcome, result.version) == (PushOutcome.APPLIED, 1)
+    _, params = shard.pull(1, timeout_s=1.0)
+    np.testing.assert_allclose(params["w"], [1.0 - 0.5 * 2.0, 2.0 - 0.5 * 2.0])
+    _, stats = shard.stats()
+    assert stats.steps[-1].num_examples == 64  # the whole global batch, no more
+
+
+def test_a_lost_rank_and_a_push_of_the_old_split_are_refused_and_change_nothing():
+    shard = make_shard(num_workers=3)
+    shard.set_workers({0: 32, 2: 32})
+    with pytest.raises(StepMismatch, match="worker 1 is no longer one of the job's workers"):
+        shard.push(1, 0, grads(1.0), 21)
+    with pytest.raises(StepMismatch, match="its share of the global batch is 32 rows"):
+        shard.push(0, 0, grads(1.0), 21)  # computed before the redirect, on 21 rows
+    # Neither counted as pushed: the same (rank, step) with the new share is taken.
+    assert shard.push(0, 0, grads(1.0), 32).outcome == PushOutcome.BUFFERED
+    assert shard.worker_position(1) == (-1, 0)
+
+
+def test_backup_workers_never_leave_a_step_without_a_push():
+    shard = make_shard(num_workers=3, mode=Mode("sync", backup_workers=2))
+    shard.set_workers({0: 64})
+    assert shard.push(0, 0, grads(1.0), 64).outcome == PushOutcome.APPLIED
+
+
+def test_set_workers_refuses_ranks_outside_the_job():
+    with pytest.raises(ValueError, match=r"ranks \[0, 3\]"):
+        make_shard(num_workers=3).set_workers({0: 32, 3: 32})
