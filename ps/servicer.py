@@ -89,7 +89,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         # wire dtype -> (version, its Pull messages): the latest version's only.
         self._encoded: dict[object, tuple[int, list[bytes]]] = {}
         self._encode_lock = threading.Lock()
-        self.traffic = Traffic()  # bytes of Push messages in and Pull messages out
+        # Bytes of Push messages in and Pull messages out, and of tensors through segments.
+        self.traffic = Traffic()
 
     def parse_push_part(self, buf: bytes):
         """A Push message's deserializer: counts its bytes, then parses it."""
@@ -137,7 +138,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         except (BadRequest, PullTimeout, ShardUnavailable, AccessDenied) as err:
             _abort(context, err)
         if request.segment:
-            yield shared_pull_header(version, shared)
+            message = shared_pull_header(version, shared)
+            self.traffic.sent(len(message))
+            yield message
             return
         stream = self.idle.track(context.cancel)
         try:
@@ -156,14 +159,18 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                             f"{header.num_tensors} tensors in chunks; send one or the other")
         if self._same_node is None:
             refuse_shared(self._shard.index)
-        return self._same_node.read_push(header, self._shard.specs)
+        grads = self._same_node.read_push(header, self._shard.specs)
+        self.traffic.received(sum(e.length for e in header.shared))  # bytes moved, all the same
+        return grads
 
     def _shared_pull(self, context, segment: str, params, wire_dtype):
         """Same node: write the version into the caller's segment; their descriptions."""
         if self._same_node is None:
             refuse_shared(self._shard.index)
-        return self._same_node.write_pull(segment, params, wire_dtype,
-                                          lambda rank: self._check_rank(context, rank))
+        shared = self._same_node.write_pull(segment, params, wire_dtype,
+                                            lambda rank: self._check_rank(context, rank))
+        self.traffic.sent(sum(e.length for e in shared))
+        return shared
 
     def _check_rank(self, context, rank: int) -> None:
         """With credentials: only worker `rank`'s token may push as `rank`."""

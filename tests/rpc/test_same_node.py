@@ -90,13 +90,20 @@ def params_of(shards):
 @pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
 def test_shared_memory_trains_exactly_as_grpc(cluster, wire_dtype):
     over_grpc = train(cluster("grpc", wire_dtype=wire_dtype)[0])
-    clients, _, prefix = cluster("shm", wire_dtype=wire_dtype)
+    clients, shards, prefix = cluster("shm", wire_dtype=wire_dtype)
     assert all(c.uses_shared_memory(k) for c in clients for k in range(2))
     # Two files per worker and shard, while the clients live.
     assert len(run_files(prefix)) == 2 * 2 * 2
     over_shm = train(clients)
     for name in SHAPES:
         np.testing.assert_array_equal(over_shm[name], over_grpc[name])
+    # The shards count the bytes that went through shared memory as moved.
+    tensor_bytes = sum(s.parameter_bytes for s in shards)
+    statuses = clients[0].status()
+    assert sum(s.bytes_received for s in statuses) >= 3 * 2 * tensor_bytes // (
+        2 if wire_dtype == "bfloat16" else 1)
+    assert sum(s.bytes_sent for s in statuses) >= (3 * 2 + 1) * tensor_bytes // (
+        2 if wire_dtype == "bfloat16" else 1)
 
 
 def test_a_repeated_shared_memory_push_changes_nothing(cluster):
