@@ -131,12 +131,20 @@ class ShardActor:
         """Each worker's clock in the part this shard started from (None: not resumed)."""
         return self._clocks
 
-    def rollback(self, version: int) -> int:
-        """Go back to this shard's part of checkpoint `version`; returns the version."""
+    def rollback(self, version: int, rows: dict | None = None) -> int:
+        """Go back to this shard's part of checkpoint `version`; returns the version.
+        `rows` (after a node was lost): the ranks that make a step from now on
+        and each one's rows, set first (Shard.set_workers)."""
         part = self._checkpoints.store.read_part(version, self._index)
+        if rows is not None:
+            self._shard.set_workers(rows)
         self._shard.restore(part)
         self._clocks = list(part.clocks)
         return version
+
+    def set_workers(self, rows: dict) -> None:
+        """The ranks that make a step and each one's rows (Shard.set_workers)."""
+        self._shard.set_workers(rows)
 
     def worker_position(self, rank: int) -> tuple[int, int]:
         """Worker `rank`'s latest step pushed here and its clock (Shard.worker_position)."""

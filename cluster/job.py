@@ -100,6 +100,8 @@ class Job:
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
+        self.lost_ranks: set[int] = set()  # workers whose node was lost; not replaced
+        self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
         # The same-node transport's segments are named by this (src/towerps/shm.py).
         self.segment_prefix = new_run_prefix() if config.same_node_transport == "shm" else None
 
@@ -168,6 +170,7 @@ class Job:
         clip = payload.optimizer and payload.optimizer.global_clipnorm
         # What a replacement of a dead worker is set up with (replace_worker).
         self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
+        self.streams_data = user is not None and user.data.kind != "arrays"
         records = get([w.setup.remote(worker_spec(c, r, clip), job, inputs[r],
                                       self.security.worker(r))
                        for r, w in enumerate(self.workers)])
@@ -198,13 +201,19 @@ class Job:
             wall_s = time.time() - t_train
         # A recovery may have moved a shard: a client to where they are now.
         with self.client() as client:
-            towers = get([w.towers.remote() for w in self.workers])
+            towers = self._towers()
             # Every worker is done: nothing changes any more (a budget may
             # have ended shards a version apart: take what they hold).
             version, params = client.pull(min_version=0, timeout_s=FINAL_PULL_TIMEOUT_S)
             counters = client.status(since_version=version)
             parts = get([s.checkpoint_records.remote() for s in self.shards])
         return Trained(version, params, watched, t_train, wall_s, towers, counters, parts)
+
+    def _towers(self) -> list[list[dict]]:
+        """Each worker's towers by rank; [] for a worker lost with its node."""
+        live = [r for r in range(len(self.workers)) if r not in self.lost_ranks]
+        found = dict(zip(live, get([self.workers[r].towers.remote() for r in live])))
+        return [found.get(r, []) for r in range(len(self.workers))]
 
     def _data_steps(self) -> list[int | None]:
         """Per worker: the global batch its first gradient trains on (async/ssp
@@ -222,13 +231,20 @@ class Job:
 
     # -- recovery: the supervisor's hands (cluster/supervisor.py) -------------
 
-    def replace_shard(self, k: int, version: int) -> None:
-        """A new actor for dead shard k in its placement bundle, started from
-        its part of checkpoint `version`; blocks until it serves."""
-        actor = ShardActor.options(**self.reservation.shard_options(k)).remote(k)
+    def replace_shard(self, k: int, version: int, node_id: str | None = None,
+                      rows: dict | None = None) -> None:
+        """A new actor for dead shard k in its placement bundle (or, its node
+        lost, outside the group on node `node_id`), started from its part of
+        checkpoint `version`, with `rows` (Shard.set_workers) if given; blocks
+        until it serves."""
+        options = (self.reservation.shard_options(k) if node_id is None
+                   else self.reservation.shard_options_on(node_id))
+        actor = ShardActor.options(**options).remote(k)
         self.shards[k] = actor
         spec = dataclasses.replace(self._shard_checkpoints_spec, resume_version=version)
         record = get([actor.start.remote({}, checkpoints=spec, **self._shard_args)])[0]
+        if rows is not None:  # before any worker learns its address
+            get([actor.set_workers.remote(rows)])
         self.addresses = (*self.addresses[:k], record["address"], *self.addresses[k + 1:])
         self.records = [r for r in self.records if (r["role"], r["index"]) != ("ps", k)]
         self.records.append(record)
@@ -260,9 +276,38 @@ class Job:
         """Per shard: worker `rank`'s latest step pushed there and its clock."""
         return get([s.worker_position.remote(rank) for s in self.shards])
 
-    def rollback_shards(self, version: int, skip: tuple[int, ...] = ()) -> None:
-        """Every shard but `skip` goes back to its part of checkpoint `version`."""
-        get([s.rollback.remote(version) for k, s in enumerate(self.shards) if k not in skip])
+    def rollback_shards(self, version: int, skip: tuple[int, ...] = (),
+                        rows: dict | None = None) -> None:
+        """Every shard but `skip` goes back to its part of checkpoint `version`
+        (with `rows`, Shard.set_workers first: after a node was lost)."""
+        get([s.rollback.remote(version, rows) for k, s in enumerate(self.shards)
+             if k not in skip])
+
+    def lost_nodes(self) -> dict[str, str]:
+        """The nodes this job's actors run on that Ray reports dead: id -> IP.
+
+        Ray marks a node dead after its health checks fail (tens of seconds
+        by default); its actors are dead from then on."""
+        dead = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+        return {r["node_id"]: r["node_ip"] for r in self.records if r["node_id"] in dead}
+
+    def actors_on(self, node_ids) -> tuple[list[int], list[int]]:
+        """(shard indices, worker ranks) whose actors run on `node_ids`."""
+        found = [r for r in self.records if r["node_id"] in node_ids]
+        return (sorted(r["index"] for r in found if r["role"] == "ps"),
+                sorted(r["index"] for r in found if r["role"] == "worker"))
+
+    def surviving_node(self) -> str:
+        """The alive node (id) to start a lost node's shard on: of those this
+        job's live actors run on, the one with the fewest shards."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        count: dict[str, int] = {}
+        for r in self.records:
+            if r["node_id"] in alive:
+                count[r["node_id"]] = count.get(r["node_id"], 0) + (r["role"] == "ps")
+        if not count:
+            raise ClusterError("every node this job ran on was lost; nothing can go on")
+        return min(sorted(count), key=count.get)
 
     def resumed_data_steps(self) -> tuple[int, ...] | None:
         """Async/ssp, after a restore: each rank's clock in the checkpoint (the

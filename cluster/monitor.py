@@ -177,7 +177,9 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                         observer.lost(rank)
                         if supervisor is None:
                             raise
-                        pending[supervisor.worker_lost(rank, seen)] = rank
+                        ref = supervisor.worker_lost(rank, seen)
+                        if ref is not None:  # None: lost with its node, not replaced
+                            pending[ref] = rank
                     except BaseException:
                         observer.lost(rank)
                         raise

@@ -207,6 +207,21 @@ class Reservation:
         bundle = self.layout.shard_bundle[index]
         return {"num_cpus": SHARD_RESOURCES["CPU"], **self._strategy(bundle)}
 
+    def shard_options_on(self, node_id: str) -> dict:
+        """A shard outside the group, on node `node_id` (its bundle's node was lost).
+
+        Ray cannot bring a lost node's bundle back while the group's other
+        bundles fill the surviving nodes (STRICT_SPREAD wants a node of its
+        own; SPREAD needs the free resources), and an actor asked into a
+        bundle that is not placed waits forever. So the replacement goes
+        beside the group, asking for no CPU: the lost node's reservation went
+        with it, and a shard mostly waits for pushes.
+        """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return {"num_cpus": 0,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
     def worker_options(self, rank: int) -> dict:
         return {**self._worker_actor_options, **self._strategy(self.layout.worker_bundle[rank])}
 

@@ -119,6 +119,10 @@ class Recovery:
     steps_replayed: int  # versions made again: died_at_version - resumed_from after a rollback
     noticed_at_s: float  # time.time() when the driver noticed the death
     seconds: float  # from noticing to training going on (actor started, workers redirected)
+    node_lost: str | None = None  # the IP of the node lost for good with it, if so
+    # After a node loss: the ranks that share each global batch from then on
+    # (a lost worker's rows are theirs; it is not replaced). None: all of them.
+    ranks: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ latest complete checkpoint and every worker with it, as for a dead shard.
 after the positions were read would be missed by this check; Ray reports a
 death well after the process's sockets are closed.)
 
+A node lost for good (cluster/nodes.py) takes its shards and workers with
+it: its shards start again on a surviving node, outside the placement
+group, and its workers are not replaced; the live workers take over their
+rows of every global batch from the latest complete checkpoint on.
+
 Ray's own actor restart is not used: it re-runs only the constructor, and
 a shard's state lives in its checkpoint parts, not in its arguments.
 """
@@ -45,6 +50,7 @@ from dataclasses import dataclass
 import ray
 
 from towerps.cluster.checkpoints import latest_checkpoint
+from towerps.cluster.nodes import NodeLoss
 from towerps.cluster.summary import Recovery
 from towerps.errors import CheckpointError, ClusterError
 from towerps.workers.redirect import Redirect
@@ -69,6 +75,7 @@ class Supervisor:
         self.job = job  # cluster/job.py's Job
         self.generation = 0  # counts redirects handed to the workers
         self.recoveries: list[Recovery] = []
+        self.nodes = NodeLoss(job)  # recovers from a node lost for good
 
     def ping_shards(self) -> tuple[list[int], int]:
         """(indices of the shards whose actor is dead, the highest version a live one holds)."""
@@ -92,22 +99,32 @@ class Supervisor:
         shard is dead and there is no complete checkpoint to go back to.
         """
         noticed = time.time()
+        self.nodes.recover(self, seen, noticed)
+        moved = self.nodes.take_moved()  # by this call or a worker's death before it
+        if moved is not None:
+            return ShardsBack(self.job.client(), *moved)
         dead, newest = self.ping_shards()
         if not dead:
             return ShardsBack(client)  # the failure passed (a slow answer): ask again
+        if self.nodes.recover(self, max(seen, newest), noticed):
+            # The ping waited until Ray declared the shard's node dead.
+            return ShardsBack(self.job.client(), *self.nodes.take_moved())
         version = self._recover_shards(dead, max(seen, newest), noticed)
         return ShardsBack(self.job.client(), version, tuple(dead))
 
     def worker_lost(self, rank: int, seen: int):
         """Worker `rank`'s actor died: set a replacement up in its place, start
         it where the shards say (rolling every shard back if its last push
-        reached only some of them) and return its `run` call's ObjectRef.
+        reached only some of them) and return its `run` call's ObjectRef;
+        None when its node was lost (it is not replaced).
 
         Blocks until the replacement is set up. Raises ClusterError when a
         rollback is needed and there is no complete checkpoint.
         """
         noticed = time.time()
         job = self.job
+        if rank in job.lost_ranks or self.nodes.recover(self, seen, noticed):
+            return None  # lost with its node: the others took over its rows
         job.replace_worker(rank)
         dead, newest = self.ping_shards()
         seen = max(seen, newest)
