@@ -142,14 +142,19 @@ class Worker:
 
         The end is `spec.final_version`, or earlier when the shards end the
         run (a time budget): a pull then answers a version below the one
-        asked for. Raises the client's errors (ShardUnavailable, PullTimeout,
-        ...) as they come: a dead peer stops this worker with a message
-        naming the peer.
+        asked for. With `spec.recovery_wait_s`, it returns only once a pull
+        has seen the end (one pull more than steps). Raises the client's
+        errors (ShardUnavailable, PullTimeout, ...) as they come: a dead
+        peer stops this worker with a message naming the peer.
         """
         spec, report = self.spec, self.report
         wanted = start_step
         own_step = start_step if data_step is None else data_step
-        while wanted < spec.final_version:
+        # With recoveries, the last pull waits for the final version itself: a
+        # rollback after this worker's last push (its step not yet applied,
+        # the others' pushes missing) must still find it here to take it back.
+        last = spec.final_version if spec.recovery_wait_s else spec.final_version - 1
+        while wanted <= last:
             generation = self.redirects.generation
             try:
                 version = self._step(wanted, own_step, report)

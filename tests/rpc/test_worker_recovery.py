@@ -3,6 +3,7 @@ from a checkpoint, the worker is redirected while it trains, and the run ends
 with the weights of a run without the failure, bit for bit."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,10 +23,10 @@ def dataset():
     return load_dataset("synthetic", seed=0)
 
 
-def run_job(dataset, kill_at_gate: bool):
-    """Two workers, one shard; with `kill_at_gate`, the shard dies while
-    worker 0 computes step 5 (worker 1 has pushed it) and comes back from
-    the checkpoint of version 4. Returns (final weights, worker reports)."""
+def run_job(dataset, kill_at: int | None):
+    """Two workers, one shard; with `kill_at`, the shard dies while worker 0
+    computes that step (worker 1 has pushed it) and comes back from the
+    latest checkpoint before it. Returns (final weights, worker reports)."""
     initial = Tower(build_model("mlp", dataset.input_shape, dataset.num_classes, 0)).get_weights()
     plan = plan_placement({n: w.shape for n, w in initial.items()}, 1)
     states = []
@@ -36,8 +37,8 @@ def run_job(dataset, kill_at_gate: bool):
     workers, clients = [], []
     for rank in range(2):
         spec = WorkerSpec(rank, 2, 32, STEPS, seed=0, pull_timeout_s=TIMEOUT_S,
-                          recovery_wait_s=TIMEOUT_S if kill_at_gate else 0.0)
-        gates = {5: gate} if rank == 0 and kill_at_gate else {}
+                          recovery_wait_s=TIMEOUT_S if kill_at is not None else 0.0)
+        gates = {kill_at: gate} if rank == 0 and kill_at is not None else {}
         tower = GatedTower(Tower(build_model("mlp", dataset.input_shape, dataset.num_classes, 0)),
                            gates)
         clients.append(PSClient([f"127.0.0.1:{port}"], plan, max_attempts=2, backoff_s=0.01))
@@ -48,12 +49,17 @@ def run_job(dataset, kill_at_gate: bool):
     for thread in threads:
         thread.start()
     servers = [server]
-    if kill_at_gate:
-        at_gate(workers[0], 5)
+    if kill_at is not None:
+        at_gate(workers[0], kill_at)
+        # ...and worker 1 has pushed it (its last step: its loop may be over).
+        deadline = time.monotonic() + TIMEOUT_S
+        while shard.worker_position(1)[0] < kill_at:
+            assert time.monotonic() < deadline, f"worker 1 never pushed step {kill_at}"
+            time.sleep(0.01)
         server.stop(grace=None).wait()  # the shard's process is gone
         shard.close()
         latest = states[-1]
-        assert latest.version == 4
+        assert latest.version == kill_at - kill_at % EVERY
         shard = Shard.from_state(latest, make_optimizer("adam"), Mode("sync"), STEPS)
         server, port = create_server(shard, "127.0.0.1:0")
         servers.append(server)
@@ -73,13 +79,21 @@ def run_job(dataset, kill_at_gate: bool):
     return {n: np.asarray(a).tobytes() for n, a in params.items()}, reports
 
 
-def test_a_redirected_worker_goes_on_from_the_checkpoint_and_ends_as_without_the_failure(dataset):
-    clean, clean_reports = run_job(dataset, kill_at_gate=False)
-    recovered, reports = run_job(dataset, kill_at_gate=True)
-    assert recovered == clean
+@pytest.fixture(scope="module")
+def clean(dataset):
+    return run_job(dataset, kill_at=None)
+
+
+# 7: the last step, which worker 1 has pushed: it is still taken back.
+@pytest.mark.parametrize("kill_at", [5, 7])
+def test_a_redirected_worker_goes_on_from_the_checkpoint_and_ends_as_without_the_failure(
+        dataset, clean, kill_at):
+    clean_weights, clean_reports = clean
+    recovered, reports = run_job(dataset, kill_at)
+    assert recovered == clean_weights
     assert [reports[r].recoveries for r in (0, 1)] == [1, 1]
     assert [clean_reports[r].recoveries for r in (0, 1)] == [0, 0]
-    # Steps 4 and 5 were computed twice (before the failure and after it).
+    # The steps from the checkpoint on were computed twice (before the failure and after it).
     assert [reports[r].steps for r in (0, 1)] >= [STEPS, STEPS]
 
 
