@@ -161,6 +161,7 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             }
             result.metrics.append(entry)
             metrics.write(json.dumps(entry) + "\n")
+            metrics.flush()  # on disk at once: a killed driver's --resume keeps it
             observer.record(entry)
             bar.set_postfix(loss=f"{entry['loss']:.4f}", ex_per_s=f"{entry['examples_per_s']:,.0f}")
             window = _Window(record.applied_at_s)

@@ -5,9 +5,12 @@ seed and 3 workers, so that the order of summation matters.
 Sync: a shard killed mid-run comes back from the latest complete checkpoint,
 the other shard is rolled back to it and the workers are redirected while
 they train; a worker killed is replaced by a new actor that takes its rank;
-the run ends with the weights of the same run without the failures, bit
-for bit, and summary.json records each recovery. SSP (and async, which
-recovers the same way) completes with every global batch applied once.
+the same worker killed twice, two shards killed one after the other, every
+shard killed at once, and the driver killed then `towerps train --resume`d:
+each run ends with the weights of the same run without the failures (one
+clean run, shared), bit for bit, and summary.json records each recovery.
+SSP (and async, which recovers the same way) completes with every global
+batch applied once.
 
 The moments are fixed by test seams (workers/faults.py), not by timing: a
 worker holds before one push until the test has done its killing.
@@ -16,13 +19,17 @@ worker holds before one push until the test has done its killing.
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from tests.ray.test_checkpoints import job, ray_cluster, weights_of  # noqa: F401 (fixture)
+from tests.ray.test_stops import descendants, running, wait_for, wait_gone
 from towerps.cluster import train
 from towerps.ps import Mode
 from towerps.errors import ActorDied
@@ -33,6 +40,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 STEPS = 16  # checkpoints every 4 (test_checkpoints.job)
 TIMEOUT_S = 600.0
+HOLD_HARNESS = Path(__file__).with_name("hold_harness.py")
+TOWERPS = Path(sys.executable).parent / "towerps"
+# test_checkpoints.job as the CLI's flags
+FLAGS = ["--dataset", "fashion_mnist", "--num-workers", "3", "--num-ps", "2", "--batch-size",
+         "96", "--steps", str(STEPS), "--checkpoint-every", "4", "--log-every", "4", "--seed", "3"]
 
 
 def wait_for_file(path, timeout_s: float = TIMEOUT_S) -> None:
@@ -40,6 +52,17 @@ def wait_for_file(path, timeout_s: float = TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(path):
         assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s:g} s"
+        time.sleep(0.05)
+
+
+def wait_for_metrics(run_dir, step: int, timeout_s: float = TIMEOUT_S) -> None:
+    """Block until metrics.jsonl holds the record of `step`: the driver has read
+    shard 0's update log up to there. (A record whose updates the driver had
+    not read when shard 0 died is not written: its log is gone.)"""
+    path = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and f'"step": {step},' in path.read_text()):
+        assert time.monotonic() < deadline, f"no metrics record of step {step} in {timeout_s:g} s"
         time.sleep(0.05)
 
 
@@ -71,17 +94,33 @@ class Background:
         return self.outcome["summary"]
 
 
+@pytest.fixture(scope="module")
+def clean(ray_cluster, tmp_path_factory):
+    """The run directory of the sync run without failures that every sync case must end as."""
+    run_dir = tmp_path_factory.mktemp("clean")
+    assert train(job(run_dir, steps=STEPS), progress=False).recoveries == []
+    return run_dir
+
+
+def assert_as_clean(run_dir, summary, clean) -> None:
+    """`summary`: a RunSummary or summary.json's dict. Counted over the final history (replayed steps replace the rolled-back
+    ones), every global batch was applied once, with its examples; then the
+    final weights equal the clean run's, bit for bit."""
+    assert summary["steps"] == STEPS
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [4, 8, 12, 16]
+    assert metrics[-1]["examples"] == summary["examples"] == STEPS * 96
+    assert weights_of(run_dir / "model.keras") == weights_of(clean / "model.keras")
+
+
 def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_failures(
-        ray_cluster, tmp_path):
+        clean, tmp_path):
     """One sync run, three failures, each at a moment a test seam fixes:
     shard 1 SIGKILLed while worker 0 holds before step 6 (every shard back to
     checkpoint 4); worker 2 dying in its push of step 9 after reaching shard 0
     only (the shards disagree: back to the latest checkpoint); worker 1
     SIGKILLed between steps, holding before step 13 (its replacement takes
     rank 1 at step 13, nothing rolled back)."""
-    clean = train(job(tmp_path / "clean", steps=STEPS), progress=False)
-    assert clean.recoveries == []
-
     run_dir = tmp_path / "killed"
     release_6, release_13 = str(tmp_path / "release-6"), str(tmp_path / "release-13")
     faults = Faults(holds=(Hold(rank=0, step=6, release=release_6),
@@ -99,7 +138,6 @@ def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_fai
     open(release_13, "w").close()  # its replacement holds there too, until now
     summary = run.result()
 
-    assert summary.steps == STEPS
     shard, half_push, between = summary.recoveries
     assert (shard.role, shard.index, shard.resumed_from) == ("ps", 1, 4)
     assert shard.died_at_version >= 5 and shard.steps_replayed == shard.died_at_version - 4
@@ -111,13 +149,63 @@ def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_fai
     assert all(r.seconds > 0 for r in summary.recoveries)
     assert pid_of(run_dir, "ps", 1) != killed_shard
     assert pid_of(run_dir, "worker", 1) != killed_worker
-    # Counted over the final history: every global batch once, then the weights.
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [4, 8, 12, 16]
-    assert metrics[-1]["examples"] == summary.examples == STEPS * 96
-    assert weights_of(run_dir / "model.keras") == weights_of(tmp_path / "clean" / "model.keras")
+    assert_as_clean(run_dir, summary, clean)
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert [r["role"] for r in on_disk["recoveries"]] == ["ps", "worker", "worker"]
+
+
+def kill(*pids: int) -> None:
+    """SIGKILL every process in `pids` at one moment: each is stopped first, so
+    none is seen dead while another still answers."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+# One run's kills: (the worker that holds, before its push of which step, the
+# checkpoint to wait for, then who is killed). A worker holding before step s
+# has the shards at version s: with s not a multiple of 4, the latest complete
+# checkpoint is the one below s, whatever moment the driver notices the death.
+KILLS = ((1, 3, None, [("worker", 1)]),
+         (0, 6, 4, [("ps", 0)]),
+         (1, 10, None, [("worker", 1)]),  # the replacement of the first
+         (0, 11, 8, [("ps", 1)]),
+         (0, 15, 12, [("ps", 0), ("ps", 1)]))
+
+
+def test_a_worker_killed_twice_and_shards_killed_in_turn_and_all_at_once(clean, tmp_path):
+    """One sync run, five kills (KILLS), each while a worker holds before a
+    push: worker 1 twice, between steps (its replacement takes the rank where
+    it was, nothing rolled back); shard 0, then shard 1 (back to checkpoints
+    4 and 8); then both shards at once (back to 12), when workers 1 and 2
+    have pushed their last step. The run ends as the clean one, bit for bit."""
+    run_dir = tmp_path / "killed"
+    release = {step: str(tmp_path / f"release-{step}") for _, step, _, _ in KILLS}
+    holds = tuple(Hold(rank, step, release[step]) for rank, step, _, _ in KILLS)
+    run = Background(job(run_dir, steps=STEPS, faults=Faults(holds=holds)))
+    killed = []
+    for _, step, checkpoint, victims in KILLS:
+        wait_for_file(release[step] + ".held")
+        if checkpoint is not None:
+            wait_for_file(run_dir / "checkpoints" / f"v{checkpoint:010d}" / "MANIFEST.json")
+            wait_for_metrics(run_dir, checkpoint)
+        pids = [pid_of(run_dir, role, index) for role, index in victims]
+        kill(*pids)
+        killed += pids
+        open(release[step], "w").close()  # a replacement holds there too, until now
+    summary = run.result()
+
+    assert [(r.role, r.index, r.resumed_from) for r in summary.recoveries] == [
+        ("worker", 1, 3), ("ps", 0, 4), ("worker", 1, 10), ("ps", 1, 8), ("ps", 0, 12),
+        ("ps", 1, 12)]
+    for r in summary.recoveries:  # a shard's death rolls back; a worker's between steps not
+        assert r.steps_replayed == (max(r.died_at_version - r.resumed_from, 0)
+                                    if r.role == "ps" else 0)
+    assert all(r.seconds > 0 for r in summary.recoveries)
+    placed = json.loads((run_dir / "placement.json").read_text())
+    assert not {r["pid"] for r in placed} & set(killed)  # every victim has a successor
+    assert_as_clean(run_dir, summary, clean)
 
 
 def test_ssp_recovers_a_worker_dying_in_a_push_and_a_killed_shard_without_a_batch_twice(
@@ -182,3 +270,36 @@ def test_a_sigkilled_workers_shared_memory_is_removed_with_or_without_a_recovery
             with pytest.raises(ActorDied):
                 run.result()
         assert segments_of(run_dir) == []
+
+
+def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_kill(
+        clean, tmp_path):
+    """`towerps train` SIGKILLed while worker 0 holds before step 6, once
+    checkpoint 4 is complete: every process of the run ends with it (Ray's
+    own processes share the driver's fate; its actors end with their
+    raylet). `towerps train --resume RUN_DIR` then goes on from checkpoint 4
+    and ends as the clean run, bit for bit."""
+    run_dir, release = tmp_path / "run", tmp_path / "release"
+    driver = subprocess.Popen(
+        [sys.executable, str(HOLD_HARNESS), str(release), "0", "6", "train", *FLAGS,
+         "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    manifest = run_dir / "checkpoints" / "v0000000004" / "MANIFEST.json"
+    wait_for(lambda: manifest.exists() and os.path.exists(f"{release}.held"),
+             "checkpoint 4 and worker 0 held", driver)
+    wait_for_metrics(run_dir, 4)  # its record is on disk: the resumed run keeps it
+    placed = json.loads((run_dir / "placement.json").read_text())
+    pids = descendants(driver.pid) | {r["pid"] for r in placed}
+    driver.kill()
+    driver.communicate(timeout=TIMEOUT_S)
+    wait_gone(pids, 120.0)
+    assert not [pid for pid in pids if running(pid)], "processes of the killed run outlived it"
+    assert not (run_dir / "summary.json").exists()
+
+    resumed = subprocess.run([str(TOWERPS), "train", "--resume", str(run_dir)],
+                             capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["checkpoints"]["resumed_from"] == 4 and summary["recoveries"] == []
+    assert {**summary["config"], "run_dir": None} == {
+        **json.loads((clean / "summary.json").read_text())["config"], "run_dir": None}
+    assert_as_clean(run_dir, summary, clean)
