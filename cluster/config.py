@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from towerps.errors import ConfigError
 from towerps.shm import TRANSPORTS
 from towerps.wire import WIRE_DTYPES
+from towerps.ps.checkpoint import check_no_credentials
 from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's check
 from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
 from towerps.workers.data import DATASETS
@@ -159,6 +160,8 @@ class TrainConfig:
             )
         if self.keep_checkpoints < 1:
             raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.checkpoint_dir is not None:
+            check_no_credentials(self.checkpoint_dir)  # config.json would keep them
         if self.checkpoint_dir is not None and not self.checkpoint_every:
             raise ConfigError(
                 f"--checkpoint-dir {self.checkpoint_dir!r} needs --checkpoint-every N "

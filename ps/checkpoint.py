@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from towerps.errors import CheckpointError
+from towerps.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,29 @@ def decode_part(data) -> ShardState:
                       header["clocks"], groups["non_trainable"])
 
 
+def redacted(uri: str) -> str:
+    """`uri` with the credentials it may carry masked (s3://KEY:SECRET@bucket/...):
+    what messages, logs and summaries show of a checkpoint URI."""
+    scheme, sep, rest = uri.partition("://")
+    at = rest.find("@", 0, rest.find("/") if "/" in rest else len(rest))
+    if not sep or at < 0:
+        return uri
+    return f"{scheme}://***@{rest[at + 1:]}"
+
+
+def check_no_credentials(uri: str, flag: str = "--checkpoint-dir") -> None:
+    """Raise ConfigError if `uri` carries credentials (s3://KEY:SECRET@...):
+    the URI is saved in config.json, job.yaml and summary.json, so secrets
+    come from where the AWS SDK reads them instead (pyarrow uses it)."""
+    if redacted(uri) != uri:
+        raise ConfigError(
+            f"{flag} {redacted(uri)} carries credentials, which would be saved in the run's "
+            "config.json, job.yaml and summary.json; drop them from the URI and set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) where the "
+            "driver and every Ray node run, or use ~/.aws/credentials or the nodes' role"
+        )
+
+
 class CheckpointStore:
     """Checkpoint folders under one root, local or remote (pyarrow.fs).
 
@@ -136,11 +159,12 @@ class CheckpointStore:
             self._fs, self._root = pafs.FileSystem.from_uri(uri)
         except (ValueError, OSError) as err:
             raise CheckpointError(
-                f"--checkpoint-dir {uri!r} is not a folder or a URI pyarrow.fs understands "
-                f"({err}); use a path, file:///abs/path, s3://bucket/prefix or gs://bucket/prefix"
+                f"--checkpoint-dir {redacted(uri)!r} is not a folder or a URI pyarrow.fs "
+                f"understands ({err}); use a path, file:///abs/path, s3://bucket/prefix or "
+                "gs://bucket/prefix"
             ) from None
         self._fs_module = pafs
-        self.uri = uri
+        self.uri = uri  # may carry credentials: show redacted(uri)
         self.keep = keep
 
     def folder(self, version: int) -> str:
@@ -160,7 +184,8 @@ class CheckpointStore:
                 data = f.read()
         except FileNotFoundError:
             raise CheckpointError(
-                f"checkpoint {self.uri} has no part of shard {index} at version {version}"
+                f"checkpoint {redacted(self.uri)} has no part of shard {index} at version "
+                f"{version}"
             ) from None
         state = decode_part(data)
         if (state.version, state.index) != (version, index):

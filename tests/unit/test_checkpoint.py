@@ -5,9 +5,9 @@ import threading
 import numpy as np
 import pytest
 
-from towerps.errors import CheckpointError
+from towerps.errors import CheckpointError, ConfigError
 from towerps.ps.checkpoint import (
-    MANIFEST, CheckpointStore, PartWriter, ShardState, decode_part, encode_part,
+    MANIFEST, CheckpointStore, PartWriter, ShardState, decode_part, encode_part, redacted,
 )
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
@@ -242,3 +242,18 @@ def test_flush_waits_for_every_part_handed_over(tmp_path):
     assert writer.flush(timeout_s=30)
     assert [r.version for r in writer.records] == [1, 2, 3]
     writer.close()
+
+
+def test_credentials_in_a_checkpoint_uri_are_refused_and_never_shown():
+    from towerps.cluster.config import TrainConfig
+
+    uri = "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/prefix?region=us-east-1"
+    assert redacted(uri) == "s3://***@bucket/prefix?region=us-east-1"
+    with pytest.raises(ConfigError, match="AWS_ACCESS_KEY_ID") as refused:
+        TrainConfig(checkpoint_every=10, checkpoint_dir=uri)
+    assert "AKIDEXAMPLE" not in str(refused.value) and "wJalr" not in str(refused.value)
+    # A URI without them, and a local path with an @ in a folder name, are kept as they are.
+    for fine in ("s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http",
+                 "/data/me@work/checkpoints", "file:///data/me@work/checkpoints"):
+        assert redacted(fine) == fine
+        TrainConfig(checkpoint_every=10, checkpoint_dir=fine)
