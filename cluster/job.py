@@ -284,12 +284,13 @@ class Job:
              if k not in skip])
 
     def lost_nodes(self) -> dict[str, str]:
-        """The nodes this job's actors run on that Ray reports dead: id -> IP.
+        """The nodes this job's actors run on that Ray no longer counts alive: id -> IP.
 
         Ray marks a node dead after its health checks fail (tens of seconds
-        by default); its actors are dead from then on."""
-        dead = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
-        return {r["node_id"]: r["node_ip"] for r in self.records if r["node_id"] in dead}
+        by default); its actors are dead from then on. Not alive rather than
+        dead: for a moment a dying node is in neither of Ray's lists."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return {r["node_id"]: r["node_ip"] for r in self.records if r["node_id"] not in alive}
 
     def actors_on(self, node_ids) -> tuple[list[int], list[int]]:
         """(shard indices, worker ranks) whose actors run on `node_ids`."""

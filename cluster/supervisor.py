@@ -52,7 +52,7 @@ import ray
 from towerps.cluster.checkpoints import latest_checkpoint
 from towerps.cluster.nodes import NodeLoss
 from towerps.cluster.summary import Recovery
-from towerps.errors import CheckpointError, ClusterError
+from towerps.errors import ActorDied, CheckpointError, ClusterError
 from towerps.workers.redirect import Redirect
 
 log = logging.getLogger("towerps")
@@ -109,7 +109,14 @@ class Supervisor:
         if self.nodes.recover(self, max(seen, newest), noticed):
             # The ping waited until Ray declared the shard's node dead.
             return ShardsBack(self.job.client(), *self.nodes.take_moved())
-        version = self._recover_shards(dead, max(seen, newest), noticed)
+        try:
+            version = self._recover_shards(dead, max(seen, newest), noticed)
+        except ActorDied:
+            # Ray reported the actor's death before its node's: the replacement,
+            # asked into the lost node's bundle, was cancelled. Recover the node.
+            if not self.nodes.recover(self, max(seen, newest), noticed):
+                raise
+            return ShardsBack(self.job.client(), *self.nodes.take_moved())
         return ShardsBack(self.job.client(), version, tuple(dead))
 
     def worker_lost(self, rank: int, seen: int):
@@ -125,7 +132,12 @@ class Supervisor:
         job = self.job
         if rank in job.lost_ranks or self.nodes.recover(self, seen, noticed):
             return None  # lost with its node: the others took over its rows
-        job.replace_worker(rank)
+        try:
+            job.replace_worker(rank)
+        except ActorDied:  # its node died too, and Ray said so after the worker's death
+            if not self.nodes.recover(self, seen, noticed):
+                raise
+            return None
         dead, newest = self.ping_shards()
         seen = max(seen, newest)
         if dead:  # a shard died too: its recovery takes every worker back
