@@ -63,6 +63,11 @@ def test_one_shard_and_one_worker_per_node_train_across_the_nodes(two_nodes, tmp
     for shard, worker in zip(shards, workers):  # shard k and worker k: bundle k, one node
         assert shard["index"] == worker["index"] == shard["bundle"] == worker["bundle"]
         assert shard["node_ip"] == worker["node_ip"]
+    # Each worker passes tensors through shared memory with the shard on its
+    # own node alone (same Ray node id); the other shard it reaches over gRPC.
+    for w in workers:
+        here = [s["index"] for s in shards if s["node_id"] == w["node_id"]]
+        assert w["same_node_shards"] == here == [w["index"]]
 
     # Each shard serves gRPC on its node's address, not on every interface...
     for shard in shards:
