@@ -38,6 +38,7 @@ WIRE_DTYPES = ("float32", "bfloat16", "float16")
 TOWER_BALANCES = ("equal", "measured")
 SUM_ORDERS = ("rank", "arrival")
 TRANSPORTS = ("shm", "grpc")  # --same-node-transport (towerps.shm.TRANSPORTS)
+PUSH_PULL = ("combined", "separate")  # --push-pull (towerps.workers.client.PUSH_PULL)
 NONFINITE = ("reject", "skip-step")
 TLS_CHOICES = ("auto", "on", "off")
 # TensorFlow comes with an extra of its own (pyproject.toml): a plain install has none.
@@ -138,6 +139,9 @@ def _add_job_flags(parser) -> None:
     add("--same-node-transport", choices=TRANSPORTS, default="shm",
         help="a worker and a shard on one node pass tensors through shared memory (shm) "
         "or over gRPC like any other pair (default: %(default)s)")
+    add("--push-pull", choices=PUSH_PULL, default="combined",
+        help="sync: a push's answer carries the next version's parameters, one call per "
+        "shard and step (combined), or the worker pushes, then pulls (default: %(default)s)")
     add("--checkpoint-every", type=int, default=0, metavar="N",
         help="checkpoint every shard every N steps (default 0: none)")
     add("--checkpoint-dir", default=None, metavar="DIR_OR_URI",
@@ -268,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             log_every=args.log_every,
             wire_dtype=args.wire_dtype,
             same_node_transport=args.same_node_transport,
+            push_pull=args.push_pull,
             slow_worker=args.slow_worker,
             checkpoint_every=args.checkpoint_every,
             checkpoint_dir=args.checkpoint_dir,
@@ -358,6 +363,7 @@ def _train_own_model(args, parser):
         batch_size=args.batch_size, steps=args.steps, budget_s=args.budget_s, seed=args.seed,
         address=args.address, run_dir=run_dir, log_every=args.log_every,
         wire_dtype=args.wire_dtype, same_node_transport=args.same_node_transport,
+        push_pull=args.push_pull,
         slow_worker=args.slow_worker, devices=_device_config(args),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
         keep_checkpoints=args.keep_checkpoints, dashboard=args.dashboard, verbose=args.verbose,

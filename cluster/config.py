@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from towerps.errors import ConfigError
 from towerps.shm import TRANSPORTS
+from towerps.workers.client import PUSH_PULL
 from towerps.wire import WIRE_DTYPES
 from towerps.ps.checkpoint import check_no_credentials
 from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's check
@@ -65,6 +66,9 @@ class TrainConfig:
     # A worker and a shard on the same node: tensor bytes through shared
     # memory ("shm", src/towerps/shm.py) or, like other pairs, gRPC chunks.
     same_node_transport: str = "shm"
+    # Sync: a push's answer carries the next version's parameters, one call
+    # per shard and step ("combined"), or the worker pushes, then pulls ("separate").
+    push_pull: str = "combined"
     # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
     slow_worker: str | None = None
     # TEST ONLY: a workers/faults.py Faults whose holds and deaths workers
@@ -124,6 +128,7 @@ class TrainConfig:
             raise ConfigError("--tls-dir gives certificates but --tls is off; drop one of them")
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         _choice("--same-node-transport", self.same_node_transport, TRANSPORTS)
+        _choice("--push-pull", self.push_pull, PUSH_PULL)
         for flag, value in (
             ("--num-workers", self.num_workers),
             ("--num-ps", self.num_ps),

@@ -370,6 +370,7 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
         global_clipnorm=global_clipnorm,
         # With checkpoints a dead shard comes back (cluster/supervisor.py): wait for it.
         recovery_wait_s=config.pull_timeout_s if config.checkpoint_every else 0.0,
+        push_pull=config.push_pull,
     )
 
 

@@ -59,7 +59,7 @@ class SharedTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared")
+    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared", "pull")
     WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class PushHeader(_message.Message):
     SKIP_STEP_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     worker_rank: int
     step: int
     attempt: int
@@ -78,7 +79,8 @@ class PushHeader(_message.Message):
     skip_step: bool
     segment: str
     shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
-    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ...) -> None: ...
+    pull: PullRequest
+    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("header", "chunks")
@@ -123,14 +125,16 @@ class PullRequest(_message.Message):
     def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ..., wire_dtype: _Optional[_Union[DType, str]] = ..., segment: _Optional[str] = ...) -> None: ...
 
 class PullHeader(_message.Message):
-    __slots__ = ("version", "num_tensors", "shared")
+    __slots__ = ("version", "num_tensors", "shared", "push")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
     version: int
     num_tensors: int
     shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
-    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ...) -> None: ...
+    push: PushReply
+    def __init__(self, version: _Optional[int] = ..., num_tensors: _Optional[int] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., push: _Optional[_Union[PushReply, _Mapping]] = ...) -> None: ...
 
 class PullReply(_message.Message):
     __slots__ = ("header", "chunks")

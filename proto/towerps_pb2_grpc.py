@@ -44,6 +44,11 @@ class ParameterServerStub:
                 request_serializer=towerps_dot_proto_dot_towerps__pb2.PullRequest.SerializeToString,
                 response_deserializer=towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
                 _registered_method=True)
+        self.PushPull = channel.stream_stream(
+                '/towerps.v1.ParameterServer/PushPull',
+                request_serializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
+                response_deserializer=towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/towerps.v1.ParameterServer/Status',
                 request_serializer=towerps_dot_proto_dot_towerps__pb2.StatusRequest.SerializeToString,
@@ -68,6 +73,16 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushPull(self, request_iterator, context):
+        """Sync mode's one round trip per step: a Push whose answer is the Pull of
+        the next version, once the step is applied. The push is exactly-once as
+        ever: a repeat (DUPLICATE, ALREADY_APPLIED) is answered with the
+        parameters all the same.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Counters and the step log, for the driver, `towerps status` and tests.
         """
@@ -86,6 +101,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'Pull': grpc.unary_stream_rpc_method_handler(
                     servicer.Pull,
                     request_deserializer=towerps_dot_proto_dot_towerps__pb2.PullRequest.FromString,
+                    response_serializer=towerps_dot_proto_dot_towerps__pb2.PullReply.SerializeToString,
+            ),
+            'PushPull': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushPull,
+                    request_deserializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.FromString,
                     response_serializer=towerps_dot_proto_dot_towerps__pb2.PullReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
@@ -147,6 +167,33 @@ class ParameterServer:
             target,
             '/towerps.v1.ParameterServer/Pull',
             towerps_dot_proto_dot_towerps__pb2.PullRequest.SerializeToString,
+            towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPull(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/towerps.v1.ParameterServer/PushPull',
+            towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
             towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
             options,
             channel_credentials,

@@ -63,6 +63,11 @@ class SameNodeSegments:
         finally:
             os.close(fd)
 
+    def check_pull(self, segment: str, check_rank: Callable[[int], None]) -> None:
+        """Raise BadRequest unless `segment` names a pull segment of this run
+        and shard whose rank passes `check_rank` (a PushPull, before its push)."""
+        check_rank(self._checked(segment, "pull").rank)
+
     def _checked(self, segment: str, direction: str, rank: int | None = None) -> SegmentName:
         name = SegmentName.parse(segment)
         if name.prefix != self.prefix or name.shard != self.shard_index:

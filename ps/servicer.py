@@ -31,6 +31,13 @@ before the shard sees them. A PullRequest may name the caller's pull
 segment: the version is written there and the one reply message describes
 it. Credentials, exactly-once and the status codes are the call's as ever.
 
+PushPull (sync's one round trip per step) is Push followed, in the same
+call, by Pull of version step + 1 as the header's `pull` asks for it: the
+same snapshot, the same shared messages (the header, carrying the push's
+PushReply, is the call's own) and the same segment path. A repeated push
+(DUPLICATE, ALREADY_APPLIED) still gets the parameters; bad input aborts
+before the shard is touched, as in Push.
+
 Push and Pull carry their tensors through src/towerps/codec.py (bytes written
 and parsed by hand, the same bytes the generated classes would make), so
 `create_server` registers the methods itself instead of calling the
@@ -43,6 +50,7 @@ a message at a time.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent import futures
 from dataclasses import asdict, fields
@@ -50,7 +58,7 @@ from dataclasses import asdict, fields
 import grpc
 
 from towerps.auth import Authenticator, ShardCredentials
-from towerps.codec import parse_part, pull_stream, read_push, shared_pull_header
+from towerps.codec import parse_part, pull_header, pull_stream, read_push, shared_pull_header
 from towerps.errors import (
     AccessDenied, BadRequest, BadTensor, ConfigError, PullTimeout, ShardUnavailable,
     StepMismatch,
@@ -99,6 +107,21 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Push(self, request_iterator, context):
         ended = self._call_ended(context)
+        _, result = self._take_push(request_iterator, context, ended)
+        return pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
+
+    def PushPull(self, request_iterator, context):
+        """A push, then the parameters of the first version after its step,
+        sent exactly as a Pull would send them (header.pull says how)."""
+        ended = self._call_ended(context)
+        header, result = self._take_push(request_iterator, context, ended, then_pull=True)
+        reply = pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
+        yield from self._answer_pull(context, ended, header.pull, header.step + 1, reply)
+
+    def _take_push(self, request_iterator, context, ended, then_pull=False):
+        """Read a Push stream and hand it to the shard: (header, PushResult).
+        Aborts the call with the error's status code on bad input, checked
+        before the shard sees the push: `then_pull`, header.pull's too."""
         stream = self.idle.track(context.cancel)
         try:
             header, grads = read_push(
@@ -110,6 +133,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                 grads = self._shared_push(header)
             elif header.shared:
                 raise BadTensor("a push describes shared tensors but names no segment")
+            if then_pull:
+                self._check_pull(context, header.pull)
             if header.skip_step:
                 result = self._shard.skip(header.worker_rank, header.step)
             else:
@@ -122,35 +147,51 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             _abort(context, err)
         finally:
             stream.done()
-        return pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
+        return header, result
 
     def Pull(self, request, context):
         ended = self._call_ended(context)
+        yield from self._answer_pull(context, ended, request, request.min_version)
+
+    def _answer_pull(self, context, ended, request, min_version: int, push_reply=None):
+        """The messages of a Pull of `min_version` as `request` asks for them;
+        with `push_reply` (PushPull), the header carries it."""
         try:
             timeout_s = checked_wait(request.timeout_s, self._limits.max_wait_s)
             remaining = context.time_remaining()  # never wait past the caller's deadline
             if remaining is not None:
                 timeout_s = min(timeout_s, remaining)
             wire_dtype = pull_wire_dtype(request.wire_dtype)
-            version, params = self._shard.pull(request.min_version, timeout_s, ended)
+            version, params = self._shard.pull(min_version, timeout_s, ended)
             if request.segment:
                 shared = self._shared_pull(context, request.segment, params, wire_dtype)
         except (BadRequest, PullTimeout, ShardUnavailable, AccessDenied) as err:
             _abort(context, err)
         if request.segment:
-            message = shared_pull_header(version, shared)
+            message = shared_pull_header(version, shared, push_reply)
             self.traffic.sent(len(message))
             yield message
             return
+        messages = self._pull_messages(version, params, wire_dtype, push_reply)
         stream = self.idle.track(context.cancel)
         try:
-            for message in self._pull_messages(version, params, wire_dtype):
+            for message in messages:
                 stream.peer_turn()  # gRPC sends it before asking for the next
                 self.traffic.sent(len(message))
                 yield message
                 stream.our_turn()
         finally:
             stream.done()
+
+    def _check_pull(self, context, request) -> None:
+        """Raise BadRequest for a PushPull's pull that would fail after its push."""
+        checked_wait(request.timeout_s, self._limits.max_wait_s)
+        pull_wire_dtype(request.wire_dtype)
+        if request.segment:
+            if self._same_node is None:
+                refuse_shared(self._shard.index)
+            self._same_node.check_pull(request.segment,
+                                       lambda rank: self._check_rank(context, rank))
 
     def _shared_push(self, header) -> dict:
         """Same node: the tensors, copied out of the worker's segment (checked there)."""
@@ -200,18 +241,25 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         wait_s = _GATE_WAIT_S if remaining is None else max(0.0, remaining - 1.0)
         return min(wait_s, self._limits.max_wait_s)
 
-    def _pull_messages(self, version, params, wire_dtype):
+    def _pull_messages(self, version, params, wire_dtype, push_reply=None):
         """The messages of `version`; when shared, encoded by its first pull
         with the lock held, so the other pulls wait for them rather than
-        encode again."""
+        encode again. With `push_reply` the header is this call's own, the
+        chunks the shared ones."""
         if not self._share_encoding:
-            return pull_stream(version, params, wire_dtype)
-        with self._encode_lock:
-            cached = self._encoded.get(wire_dtype)
-            if cached is None or cached[0] != version:
-                messages = list(pull_stream(version, params, wire_dtype))
-                cached = self._encoded[wire_dtype] = (version, messages)
-            return cached[1]
+            messages = pull_stream(version, params, wire_dtype)
+        else:
+            with self._encode_lock:
+                cached = self._encoded.get(wire_dtype)
+                if cached is None or cached[0] != version:
+                    encoded = list(pull_stream(version, params, wire_dtype))
+                    cached = self._encoded[wire_dtype] = (version, encoded)
+                messages = cached[1]
+        if push_reply is None:
+            return messages
+        chunks = iter(messages)
+        next(chunks)  # the shared header, without the push's reply
+        return itertools.chain([pull_header(version, len(params), push_reply)], chunks)
 
     def Status(self, request, context):
         version, stats = self._shard.stats(request.since_version)
@@ -346,6 +394,8 @@ def _handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
             response_serializer=pb.PushReply.SerializeToString),
         "Pull": grpc.unary_stream_rpc_method_handler(
             servicer.Pull, request_deserializer=pb.PullRequest.FromString),
+        "PushPull": grpc.stream_stream_rpc_method_handler(
+            servicer.PushPull, request_deserializer=servicer.parse_push_part),
         "Status": grpc.unary_unary_rpc_method_handler(
             servicer.Status, request_deserializer=pb.StatusRequest.FromString,
             response_serializer=pb.StatusReply.SerializeToString),

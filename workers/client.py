@@ -28,6 +28,10 @@ worker's node go through shared-memory segments the client creates and
 removes on `close`; the call, its checks and its answer are unchanged.
 Pushes as another rank than `same_node.rank` (tests) use chunks.
 
+Sync mode's one round trip per step: `push_pull` pushes and gets the next
+version's parameters in the same call per shard (PushPull), instead of a
+push and then a pull.
+
 With `wire_dtype` bfloat16 or float16, gradients and pulled parameters
 travel in that dtype (half the bytes); shards accumulate and apply in
 float32, and pulled parameters are widened to float32 here.
@@ -64,6 +68,7 @@ logger = logging.getLogger(__name__)
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _OUTCOMES = {pb.PushReply.Outcome.Value(o.name): o for o in PushOutcome}  # same names
+PUSH_PULL = ("combined", "separate")  # --push-pull: PushPull per step, or Push then Pull
 _SERVICE = f"/{pb.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/"
 
 
@@ -116,6 +121,10 @@ class PSClient:
         self._pull_calls = [
             c.unary_stream(_SERVICE + "Pull", request_serializer=pb.PullRequest.SerializeToString,
                            response_deserializer=parse_part)
+            for c in self._channels
+        ]
+        self._push_pull_calls = [
+            c.stream_stream(_SERVICE + "PushPull", response_deserializer=parse_part)
             for c in self._channels
         ]
         self._pool = futures.ThreadPoolExecutor(
@@ -183,7 +192,10 @@ class PSClient:
 
             return self._call(k, call, _RETRY_ALWAYS)
 
-        results = self._fan_out(pull_one)
+        return self._joined(self._fan_out(pull_one))
+
+    def _joined(self, results) -> tuple[int, dict[str, np.ndarray]]:
+        """Each shard's (version, slices) -> (the lowest version, whole float32 variables)."""
         slices: dict[str, np.ndarray] = {}
         for _, tensors in results:
             slices.update(tensors)
@@ -213,6 +225,24 @@ class PSClient:
         self._count(sent=payload)
         return outcomes
 
+    def push_pull(
+        self, worker_rank: int, step: int, grads: Mapping[str, np.ndarray], num_examples: int,
+        loss: float, timeout_s: float,
+    ) -> tuple[list[PushOutcome], int, dict[str, np.ndarray]]:
+        """`push`, and in the same call per shard (PushPull) `pull` of the
+        first version after `step`: (outcomes, version, parameters) as those
+        two return them. Blocks until every shard applied the step (or the
+        run ended: the version is then below step + 1), at most `timeout_s`.
+        A retry after a lost answer is exactly-once as `push`'s and gets the
+        parameters all the same."""
+        per_shard = self.plan.split(grads)
+        request = pb.PullRequest(timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype))
+        results = self._push_all(worker_rank, step, per_shard, num_examples, loss, False,
+                                 pull=request)
+        self._count(sent=sum(a.size for a in grads.values()) * self.wire_dtype.itemsize)
+        version, params = self._joined([(v, tensors) for _, v, tensors in results])
+        return [outcome for outcome, _, _ in results], version, params
+
     def skip(self, worker_rank: int, step: int) -> list[str]:
         """Tell every shard that this worker's gradient of `step` was not
         finite (--nonfinite skip-step): the step applies nothing. Outcomes as `push`."""
@@ -220,7 +250,9 @@ class PSClient:
         return self._push_all(worker_rank, step, empty, 0, 0.0, True)
 
     def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step,
-                  shards: Sequence[int] | None = None) -> list[str]:
+                  shards: Sequence[int] | None = None, pull: pb.PullRequest | None = None):
+        """Each shard's PushOutcome; with `pull` (PushPull), each shard's
+        (outcome, version, slices) instead."""
 
         def push_one(k: int):
             pair = self._segments.get(k)
@@ -237,15 +269,24 @@ class PSClient:
                     num_tensors=len(per_shard[k]),
                     skip_step=skip_step,
                 )
+                if pull is not None:
+                    header.pull.CopyFrom(pull)
                 if pair is None:
                     messages = push_stream(header, per_shard[k], self.wire_dtype)
-                    return self._push_call(k, messages)
+                    if pull is None:
+                        return self._push_call(k, messages)
+                    outcome, reply, tensors = self._push_call(k, messages, header.pull)
+                    return outcome, reply.version, tensors
                 # The same bytes for every attempt: a retry names the same step.
-                with pair.push_lock:
+                with pair.push_lock, pair.pull_lock:
                     header.num_tensors = 0
                     header.segment = str(pair.push_name)
                     header.shared.extend(pair.write_push(per_shard[k], self.wire_dtype))
-                    return self._push_call(k, push_stream(header, {}))
+                    if pull is None:
+                        return self._push_call(k, push_stream(header, {}))
+                    header.pull.segment = str(pair.pull_name)
+                    outcome, reply, _ = self._push_call(k, push_stream(header, {}), header.pull)
+                    return outcome, reply.version, pair.read_pull(reply.shared)
 
             return self._call(k, call, _RETRY_PUSH)
 
@@ -257,9 +298,22 @@ class PSClient:
     def _same_node_rank(self) -> int | None:
         return self._same_node.rank if self._same_node else None
 
-    def _push_call(self, k: int, messages) -> PushOutcome:
-        reply = self._push_calls[k](messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
-        return _OUTCOMES[reply.outcome]
+    def _push_call(self, k: int, messages, pull: pb.PullRequest | None = None):
+        """Push: the outcome. PushPull (`pull` set): (outcome, PullHeader,
+        tensors that came in chunks); the call may wait `pull.timeout_s` for
+        the step, and its deadline leaves the shard time to answer
+        DEADLINE_EXCEEDED itself."""
+        if pull is None:
+            reply = self._push_calls[k](
+                messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
+            return _OUTCOMES[reply.outcome]
+        timeout_s = max(self.rpc_timeout_s, pull.timeout_s + 10.0)
+        header, tensors = read_pull_header(self._push_pull_calls[k](
+            messages, timeout=timeout_s, metadata=self._metadata))
+        if not header.HasField("push"):
+            raise BadTensor(f"shard {k} at {self.addresses[k]} answered a PushPull "
+                            "without the push's outcome")
+        return _OUTCOMES[header.push.outcome], header, tensors
 
     def status(self, since_version: int = 0,
                logs_of: tuple[int, ...] | None = None) -> list[pb.StatusReply]:

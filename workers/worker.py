@@ -15,6 +15,9 @@
                        NotFinite (and so the run); skip-step tells every shard
                        to skip step v (client.skip) instead of pushing
         push (rank, step=v, grads) to every shard
+                       sync, push_pull "combined": the answer is also the
+                       parameters of v + 1 (PushPull), which the next
+                       step's pull then uses instead of calling the shards;
                        sync: the answer may be DROPPED (late: move on);
                        ssp: the answer waits until this worker is within s of
                        the slowest (the gate)
@@ -37,7 +40,7 @@ from towerps.errors import ConfigError, NotFinite, PullTimeout, ShardUnavailable
 from towerps.workers.batches import num_examples
 from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
-from towerps.workers.client import PSClient
+from towerps.workers.client import PUSH_PULL, PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.redirect import Redirect, Redirects, share_rows
 from towerps.workers.tower import Tower
@@ -61,8 +64,15 @@ class WorkerSpec:
     # How long a failed call waits for a recovery's Redirect (workers/redirect.py)
     # before the error stops the worker; 0: at once (no supervisor restores shards).
     recovery_wait_s: float = 0.0
+    # Sync: "combined" pushes and gets the next version in one call per
+    # shard (PSClient.push_pull); "separate" pushes, then pulls. Async and
+    # ssp always push, then pull.
+    push_pull: str = "combined"
 
     def __post_init__(self):
+        if self.push_pull not in PUSH_PULL:
+            raise ConfigError(f"--push-pull {self.push_pull!r} is not known; choose one of "
+                              f"{', '.join(PUSH_PULL)}")
         if self.global_batch_size % self.num_workers:
             raise ConfigError(
                 f"global batch size {self.global_batch_size} does not split evenly over "
@@ -113,6 +123,9 @@ class Worker:
         # This worker's rows of each global batch: its own slice, until a
         # redirect after a node's loss hands it a share of the dead ones' rows.
         self.part = spec.batch_slice
+        # (version, parameters) that the last push brought back (push_pull
+        # "combined"), for the next step's pull; None: pull from the shards.
+        self._pulled: tuple[int, dict] | None = None
 
     def redirect(self, target: Redirect, client: PSClient) -> None:
         """Train on with `client` (to the shards of `target`) from `target.version`.
@@ -171,6 +184,7 @@ class Worker:
                     break  # the run is over
             if target is not None:
                 report.recoveries += 1
+                self._pulled = None  # of the shards before the recovery
                 if target.ranks is not None:
                     self.part = share_rows(spec.global_batch_size, target.ranks)[spec.rank]
                 wanted = target.version
@@ -187,7 +201,11 @@ class Worker:
         on, or None once the run is over."""
         spec = self.spec
         t0 = time.perf_counter()
-        version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)
+        pulled, self._pulled = self._pulled, None
+        if pulled is not None:  # the answer of pull(wanted), brought by the last push
+            version, params = pulled
+        else:
+            version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)
         if version < wanted or version >= spec.final_version:
             report.pull_s += time.perf_counter() - t0
             return None
@@ -219,6 +237,11 @@ class Worker:
         so the worker decides for all of them what a NaN/inf does."""
         bad = sorted(n for n, g in grads.items() if not np.isfinite(g).all())
         if not bad and math.isfinite(loss):
+            if self.spec.push_pull == "combined" and self.spec.mode.aggregates:
+                outcomes, pulled_version, params = self.client.push_pull(
+                    self.spec.rank, version, grads, examples, loss, self.spec.pull_timeout_s)
+                self._pulled = (pulled_version, params)
+                return outcomes
             return self.client.push(self.spec.rank, version, grads, examples, loss)
         report.nonfinite_steps += 1
         if self.spec.mode.nonfinite == "skip-step":

@@ -159,14 +159,19 @@ def pull_stream(
     version: int, tensors: Mapping[str, np.ndarray], wire_dtype: np.dtype | None = None
 ) -> Iterator[bytes]:
     """A Pull stream's messages: the header with the version, then the chunks. Lazy."""
-    yield _header_message(pb.PullHeader(version=version, num_tensors=len(tensors)))
+    yield pull_header(version, len(tensors))
     yield from _chunk_messages(tensors, wire_dtype)
 
 
-def shared_pull_header(version: int, shared) -> bytes:
+def pull_header(version: int, num_tensors: int, push: pb.PushReply | None = None) -> bytes:
+    """A Pull stream's first message; `push`: a PushPull's answer to its push."""
+    return _header_message(pb.PullHeader(version=version, num_tensors=num_tensors, push=push))
+
+
+def shared_pull_header(version: int, shared, push: pb.PushReply | None = None) -> bytes:
     """A same-node Pull's only message: the header, its tensors described in
-    `shared` (already written into the caller's segment)."""
-    return _header_message(pb.PullHeader(version=version, num_tensors=0, shared=shared))
+    `shared` (already written into the caller's segment); `push` as pull_header's."""
+    return _header_message(pb.PullHeader(version=version, num_tensors=0, shared=shared, push=push))
 
 
 # -- parsing ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from towerps.ps.modes import SUM_ORDERS, Mode
 from towerps.ps.optimizers import OPTIMIZERS
 from towerps.workers.faults import Faults
 from towerps.shm import TRANSPORTS
+from towerps.workers.client import PUSH_PULL
 from towerps.wire import WIRE_DTYPES
 from towerps.workers.catalog import MODELS
 from towerps.workers.data import DATASETS
@@ -29,6 +30,7 @@ def test_cli_choices_agree_with_the_packages_that_own_them():
     assert cli.WIRE_DTYPES == tuple(WIRE_DTYPES)
     assert cli.SUM_ORDERS == SUM_ORDERS
     assert cli.TRANSPORTS == TRANSPORTS
+    assert cli.PUSH_PULL == PUSH_PULL
     assert (cli.NONFINITE, cli.TLS_CHOICES) == (NONFINITE, TLS_CHOICES)
 
 
