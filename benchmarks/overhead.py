@@ -50,6 +50,10 @@ def add_flags(parser) -> None:
     add("--same-node-transport", default=None, metavar="T[,T]",
         help="towerps' same-node transport(s): shm, grpc or both, each measured every round "
         "in turns (default: TrainConfig's); the first gives the headline figures")
+    add("--push-pull", default=None, metavar="P[,P]",
+        help="sync's push and pull: combined, separate or both, crossed with each same-node "
+        "transport and measured every round in turns, named e.g. shm+separate "
+        "(default: TrainConfig's only)")
 
 
 def load_data(args):
@@ -90,10 +94,23 @@ def keras_rate(args, dataset, model) -> float:
 
 
 def transports(args) -> list[str]:
-    """The --same-node-transport list (default: TrainConfig's)."""
+    """The variants measured: the --same-node-transport list (default:
+    TrainConfig's), each crossed with the --push-pull list when one is given
+    ("shm+combined")."""
     from towerps.cluster import TrainConfig
 
-    return (args.same_node_transport or TrainConfig.same_node_transport).split(",")
+    kinds = (args.same_node_transport or TrainConfig.same_node_transport).split(",")
+    if not getattr(args, "push_pull", None):
+        return kinds
+    return [f"{t}+{p}" for t in kinds for p in args.push_pull.split(",")]
+
+
+def variant_fields(kind: str | None) -> dict:
+    """The TrainConfig fields of a variant of `transports` (None: the defaults)."""
+    if kind is None:
+        return {}
+    transport, _, push_pull = kind.partition("+")
+    return {"same_node_transport": transport, **({"push_pull": push_pull} if push_pull else {})}
 
 
 def in_turns(items: list, round_index: int) -> list:
@@ -110,7 +127,7 @@ def towerps_rate(args, dataset_name: str, run_dir: str, transport: str | None = 
         dataset=dataset_name, data_dir=args.data_dir, download=False, model=args.model,
         num_workers=1, num_ps=1, batch_size=args.batch_size,
         steps=args.warmup_steps + args.steps, optimizer=args.optimizer, log_every=1,
-        run_dir=run_dir, same_node_transport=transport or TrainConfig.same_node_transport,
+        run_dir=run_dir, **variant_fields(transport),
     )
     summary = train(config, progress=False)
     records = common.read_metrics(run_dir, args.batch_size)
@@ -187,7 +204,7 @@ def main(argv=None) -> dict:
         inputs={"model": args.model, "dataset": dataset_name, "batch_size": args.batch_size,
                 "optimizer": args.optimizer, "steps": args.steps,
                 "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds,
-                "same_node_transports": kinds},
+                "same_node_transports": kinds, "push_pull": args.push_pull},
         figures={"keras_examples_per_s": keras_med, "towerps_examples_per_s": towerps_med,
                  "ratio": ratio, "median_of_round_ratios": ratio_med,
                  "by_transport": by_transport, "rounds": rounds},

@@ -64,6 +64,10 @@ def add_flags(parser) -> None:
     add("--same-node-transport", default=None, metavar="T[,T]",
         help="towerps' same-node transport(s): shm, grpc or both, each measured every round "
         "in turns (default: TrainConfig's); the first gives the 'towerps' figures")
+    add("--push-pull", default=None, metavar="P[,P]",
+        help="sync's push and pull: combined, separate or both, crossed with each same-node "
+        "transport and measured every round in turns, named e.g. shm+separate "
+        "(default: TrainConfig's only)")
     add("--role", choices=("main", "pss-chief", "pss-server"), default="main", help="(internal)")
     add("--cluster", default=None, help="(internal)")
     add("--job", default=None, help="(internal)")
@@ -261,7 +265,7 @@ def towerps_rate(args, run_dir: str, transport: str) -> float:
     config = TrainConfig(dataset=args.dataset, download=False, model=args.model,
                          num_workers=NUM_WORKERS, num_ps=NUM_WORKERS, batch_size=args.batch_size,
                          steps=args.warmup_steps + args.steps, optimizer=args.optimizer,
-                         log_every=1, run_dir=run_dir, same_node_transport=transport)
+                         log_every=1, run_dir=run_dir, **overhead.variant_fields(transport))
     train(config, progress=False)
     return common.rate_between(common.read_metrics(run_dir, args.batch_size), args.warmup_steps)
 
@@ -326,7 +330,7 @@ def main(argv=None) -> dict:
         inputs={"model": args.model, "dataset": args.dataset, "global_batch_size": args.batch_size,
                 "optimizer": args.optimizer, "num_workers": NUM_WORKERS, "num_ps": NUM_WORKERS,
                 "steps": args.steps, "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds,
-                "same_node_transports": kinds},
+                "same_node_transports": kinds, "push_pull": args.push_pull},
         figures={"examples_per_s": med, "vs_keras": {s: med[s] / med["keras"] for s in systems},
                  "towerps_vs_best_peer": vs_peer, "best_peer": best_peer,
                  "by_transport": by_transport, "rounds": rounds},

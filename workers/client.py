@@ -232,8 +232,9 @@ class PSClient:
         """`push`, and in the same call per shard (PushPull) `pull` of the
         first version after `step`: (outcomes, version, parameters) as those
         two return them. Blocks until every shard applied the step (or the
-        run ended: the version is then below step + 1), at most `timeout_s`.
-        A retry after a lost answer is exactly-once as `push`'s and gets the
+        run ended: the version is then below step + 1), at most `timeout_s`
+        (then PullTimeout, not retried: as `pull`). A retry after a lost
+        answer (UNAVAILABLE) is exactly-once as `push`'s and gets the
         parameters all the same."""
         per_shard = self.plan.split(grads)
         request = pb.PullRequest(timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype))
@@ -288,7 +289,8 @@ class PSClient:
                     outcome, reply, _ = self._push_call(k, push_stream(header, {}), header.pull)
                     return outcome, reply.version, pair.read_pull(reply.shared)
 
-            return self._call(k, call, _RETRY_PUSH)
+            # A PushPull past its deadline waited for the step, as a pull does: not retried.
+            return self._call(k, call, _RETRY_PUSH if pull is None else _RETRY_ALWAYS)
 
         if shards is not None:
             return [push_one(k) for k in shards]

@@ -170,12 +170,20 @@ class FaultyClient:
         self.inner, self.holds, self.die_at = inner, dict(holds), die_at
 
     def push(self, worker_rank, step, grads, num_examples, loss, shards=None):
+        self._before_push(worker_rank, step, grads, num_examples, loss)
+        return self.inner.push(worker_rank, step, grads, num_examples, loss, shards)
+
+    def push_pull(self, worker_rank, step, grads, num_examples, loss, timeout_s):
+        self._before_push(worker_rank, step, grads, num_examples, loss)
+        return self.inner.push_pull(worker_rank, step, grads, num_examples, loss, timeout_s)
+
+    def _before_push(self, worker_rank, step, grads, num_examples, loss) -> None:
+        """The holds due by `step`; at `die_at`, a push to shard 0 alone and SIGKILL."""
         for at in sorted(s for s in self.holds if s <= step):
             self.holds.pop(at).wait()
         if self.die_at is not None and step >= self.die_at:
             self.inner.push(worker_rank, step, grads, num_examples, loss, shards=[0])
             os.kill(os.getpid(), signal.SIGKILL)
-        return self.inner.push(worker_rank, step, grads, num_examples, loss, shards)
 
     def __getattr__(self, name):
         if name == "inner":  # not set yet (a copy being made): no recursion

@@ -52,13 +52,16 @@ def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path
     assert summary.test_accuracy > 0.2  # chance is 0.1 on 10 learnable classes
 
 
-@pytest.mark.parametrize("transport", ["grpc", "shm"])
-def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path, transport):
+@pytest.mark.parametrize("transport, push_pull",
+                         [("grpc", "combined"), ("shm", "combined"), ("shm", "separate")])
+def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path, transport,
+                                                       push_pull):
     """Sync mode's oracle: the global batch of a step is the same whatever the
     number of workers, so the weights are the same up to floating point;
-    whether tensors cross shared memory (one node: every pair) or gRPC."""
+    whether tensors cross shared memory (one node: every pair) or gRPC, and
+    whether a push's answer brings the next parameters or a pull fetches them."""
     common = dict(dataset="synthetic", num_ps=2, batch_size=64, steps=6, optimizer="sgd",
-                  lr=0.1, seed=3, same_node_transport=transport)
+                  lr=0.1, seed=3, same_node_transport=transport, push_pull=push_pull)
     train(TrainConfig(num_workers=1, run_dir=str(tmp_path / "w1"), **common), progress=False)
     summary = train(TrainConfig(num_workers=2, run_dir=str(tmp_path / "w2"), **common),
                     progress=False)
