@@ -162,6 +162,11 @@ class ShardActor:
         self._writer.flush(timeout_s=60.0)
         return [asdict(r) for r in self._writer.records]
 
+    def export_state(self):
+        """The shard's whole state (a ps.checkpoint.ShardState), as a checkpoint
+        takes it: the driver saves the optimizer's slots with the model."""
+        return self._shard.export_state()
+
     def end_at(self, version: int) -> int:
         """End the run at `version` (a time budget ran out); returns the end in force."""
         return self._shard.end_at(version)

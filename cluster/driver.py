@@ -58,6 +58,7 @@ from towerps.cluster.summary import (
 )
 from towerps.cluster.user import UserJob
 from towerps.errors import ConfigError
+from towerps.ps.optimizers import KerasState
 from towerps.workers.catalog import NUM_VARIABLES
 from towerps.ps.placement import PlacementPlan, plan_placement
 
@@ -138,8 +139,9 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     observers.close()
     summary = summarize(config, prepared, job, trained, evals,
                         startup_s=trained.train_started_at_s - t_start, stop=stop)
-    save(prepared, trained, summary)
+    # The checkpoint's first: the model handed back holds the final state.
     export_checkpoint_model(prepared, job)
+    save(prepared, trained, summary)
     return summary, prepared.model
 
 
@@ -285,11 +287,15 @@ def load_data(config: TrainConfig):
 
 
 def build(config: TrainConfig, dataset) -> Prepared:
-    """The built-in model on `dataset` and its placement (imports TensorFlow)."""
+    """The built-in model on `dataset`, compiled with the Keras twin of the
+    run's optimizer (what model.keras is saved with), and its placement
+    (imports TensorFlow)."""
     from towerps.workers import Tower, build_model
+    from towerps.workers.models import compile_model
 
     model = build_model(config.model_name, dataset.input_shape, dataset.num_classes, config.seed,
                         input_scale=dataset.input_scale)
+    compile_model(model, config.optimizer, config.learning_rate)
     tower = Tower(model)
     initial = tower.get_weights()
     plan = _plan(initial, config.num_ps)
@@ -338,32 +344,46 @@ def evaluate_run(config: TrainConfig, prepared: Prepared, trained: Trained) -> l
 
 
 def save(prepared: Prepared, trained: Trained, summary: RunSummary) -> None:
-    """model.keras (the final parameters, compiled with the run's optimizer, so
-    `fit` goes on as trained) and summary.json into the run directory."""
-    from towerps.workers.models import compile_model
-
-    prepared.tower.set_weights(trained.params)
-    if prepared.user is None:  # the user's model keeps the compile() it came with
-        compile_model(prepared.model, summary.optimizer, summary.lr)
+    """model.keras (the final parameters, compiled with the run's optimizer and
+    holding its state, so `fit` goes on as trained) and summary.json into the
+    run directory."""
+    load_trained(prepared, trained.params, trained.optimizer)
     prepared.model.save(os.path.join(summary.run_dir, "model.keras"))
     summary.write()
 
 
+def load_trained(prepared: Prepared, params: dict[str, np.ndarray],
+                 optimizer: KerasState | None) -> None:
+    """Put `params` into the driver's model and `optimizer` (the shards' slots
+    and iterations) into its compiled optimizer: the Keras twin of the run's
+    optimizer for a built-in model (`build`), the user's own compile()."""
+    from towerps.ps.keras_optimizer import assign_keras_state
+    from towerps.workers.variables import ModelVariables
+
+    model = prepared.model
+    prepared.tower.set_weights(params)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    if optimizer is not None:
+        assign_keras_state(model.optimizer, ModelVariables(model).key_of, optimizer)
+
+
 def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
-    """model.keras of the latest complete checkpoint, into its folder; returns
-    the version (None without checkpoints). Reads every shard's part."""
+    """model.keras of the latest complete checkpoint (its parameters and
+    optimizer state), into its folder; returns the version (None without
+    checkpoints). Reads every shard's part."""
     if job.checkpoints is None:
         return None
     store = job.checkpoints.driver_store()
     version = store.latest()
     if version is None:
         return None
+    parts = [store.read_part(version, k) for k in range(job.checkpoints.num_shards)]
     slices: dict[str, np.ndarray] = {}
-    for k in range(job.checkpoints.num_shards):
-        part = store.read_part(version, k)
+    for part in parts:
         slices.update(part.params)
         slices.update(part.non_trainable)
-    prepared.tower.set_weights(job.plan.join(slices))
+    load_trained(prepared, job.plan.join(slices), job.optimizer_state(parts))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.keras")
         prepared.model.save(path)

@@ -40,7 +40,10 @@ from towerps.cluster.placement import Reservation, reserve
 from towerps.cluster.security import JobSecurity, write_cluster_json
 from towerps.cluster.supervisor import Supervisor
 from towerps.errors import ActorDied, ActorFailed, ClusterError, TowerpsError
+from towerps.ps.checkpoint import ShardState
+from towerps.ps.optimizers import KerasState, OptimizerSpec
 from towerps.ps.placement import PlacementPlan
+from towerps.ps.saved_state import join_optimizer_states, optimizer_state
 from towerps.shm import new_run_prefix, sweep
 from towerps.workers import PSClient
 from towerps.workers.faults import Faults
@@ -71,6 +74,7 @@ class Trained:
     towers: list[list[dict]]  # per worker rank: each tower's device, share and rows
     counters: list  # every shard's final StatusReply, by shard index
     checkpoint_parts: list[list[dict]]  # per shard: each part its writer handled (PartRecord)
+    optimizer: KerasState | None = None  # the shards' slots and iterations, whole variables
 
 
 class Job:
@@ -99,6 +103,7 @@ class Job:
         self._shard_checkpoints_spec: ShardCheckpoints | None = None  # what shards were given
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
+        self.optimizer: OptimizerSpec | None = None  # what the shards run; set by start()
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
         self.lost_ranks: set[int] = set()  # workers whose node was lost; not replaced
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
@@ -143,6 +148,7 @@ class Job:
         c = self.config
         state = {s.name for s in self.plan.slices if s.variable in payload.state_names}
         optimizer = payload.optimizer or c.optimizer
+        self.optimizer = payload.optimizer or OptimizerSpec(c.optimizer, c.learning_rate)
         self._shard_args = dict(optimizer=optimizer, lr=c.learning_rate,
                                 num_workers=c.num_workers, mode=c.mode,
                                 end_version=c.end_version, max_examples=c.batch_size,
@@ -207,7 +213,15 @@ class Job:
             version, params = client.pull(min_version=0, timeout_s=FINAL_PULL_TIMEOUT_S)
             counters = client.status(since_version=version)
             parts = get([s.checkpoint_records.remote() for s in self.shards])
-        return Trained(version, params, watched, t_train, wall_s, towers, counters, parts)
+            optimizer = self.optimizer_state(get([s.export_state.remote() for s in self.shards]))
+        return Trained(version, params, watched, t_train, wall_s, towers, counters, parts,
+                       optimizer)
+
+    def optimizer_state(self, states: list[ShardState]) -> KerasState:
+        """The optimizer state of every shard's `states` (live exports or a
+        checkpoint's parts), joined per whole variable, named as Keras names it."""
+        return join_optimizer_states([optimizer_state(s, self.optimizer) for s in states],
+                                     self.plan)
 
     def _towers(self) -> list[list[dict]]:
         """Each worker's towers by rank; [] for a worker lost with its node."""

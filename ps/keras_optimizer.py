@@ -36,10 +36,12 @@ the ones it trains).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from towerps.errors import BadTensor, ConfigError
-from towerps.ps.optimizers import Optimizer, OptimizerSpec
+from towerps.ps.optimizers import KerasState, Optimizer, OptimizerSpec
 
 # Keras optimizers whose update is element-wise: a row slice updates as the whole would.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Nadam",
@@ -180,8 +182,73 @@ class KerasOptimizer(Optimizer):
             variable.assign(state[_state_key(i, variable.path)])
         self.iterations = int(self._optimizer.iterations.numpy())
 
+    def keras_state(self) -> KerasState:
+        """A copy of the optimizer's variables by attribute (`keras_variables`),
+        slots keyed by this shard's variable names; empty before the first update."""
+        if not self._variables:
+            return KerasState({}, {})
+        lists, scalars = keras_variables(self._optimizer)
+        names = list(self._variables)  # the order the optimizer was built in
+        slots = {attr: {names[i]: np.array(v.numpy()) for i, v in enumerate(slots)
+                        if v is not None}
+                 for attr, slots in lists.items()}
+        return KerasState(slots, {a: np.array(v.numpy()) for a, v in scalars.items()})
+
     def __repr__(self) -> str:
         return f"KerasOptimizer({self.name}, iterations={self.iterations})"
+
+
+# Lists a built optimizer holds that are not per-variable slots.
+_NOT_SLOTS = ("_variables", "_trainable_variables")
+
+
+def keras_variables(optimizer) -> tuple[dict[str, list], dict[str, object]]:
+    """A built Keras optimizer's state by attribute: ({attribute: [slot of
+    trainable variable i, or None]}, {attribute: Variable of its own}).
+
+    Keras 3 keeps each kind of slot in a list aligned with the variables it
+    was built on (Adam's `_momentums`, Adafactor's `_r`, Muon's
+    `adam_velocities`) and its counters in attributes (`_iterations`, Nadam's
+    `_u_product`); reading them by attribute rather than by the position in
+    `optimizer.variables` names each slot's variable whatever the order in
+    which an optimizer creates them (RMSprop makes every velocity first).
+    """
+    import keras
+
+    count = len(optimizer._trainable_variables)
+    lists, scalars = {}, {}
+    for attr, value in vars(optimizer).items():
+        if isinstance(value, keras.Variable):
+            scalars[attr] = value
+        elif (attr not in _NOT_SLOTS and isinstance(value, list) and len(value) == count
+              and count and all(v is None or isinstance(v, keras.Variable) for v in value)):
+            lists[attr] = value
+    return lists, scalars
+
+
+def assign_keras_state(optimizer, key_of, state: KerasState) -> None:
+    """Load `state` (slots keyed by whole variables) into `optimizer`, which
+    must be built on the model's trainable variables; `key_of(variable)` is a
+    variable's key (ModelVariables.key_of). Slots the state lacks keep their
+    values (a variable never updated has zero slots). Raises BadTensor if the
+    state names an attribute this optimizer does not have (another optimizer).
+    """
+    if not optimizer.built:
+        raise BadTensor(f"optimizer {type(optimizer).__name__} is not built: build it on the "
+                        "model's trainable variables (optimizer.build(...)) first")
+    lists, scalars = keras_variables(optimizer)
+    unknown = sorted(set(state.slots) - set(lists)) + sorted(set(state.scalars) - set(scalars))
+    if unknown:
+        raise BadTensor(f"optimizer state has {unknown}, which {type(optimizer).__name__} does "
+                        f"not keep (it keeps {sorted(lists)} and {sorted(scalars)}); was it "
+                        "trained with another optimizer?")
+    for attr, by_key in state.slots.items():
+        for variable, slot in zip(optimizer._trainable_variables, lists[attr]):
+            value = by_key.get(key_of(variable))
+            if slot is not None and value is not None:
+                slot.assign(value)
+    for attr, value in state.scalars.items():
+        scalars[attr].assign(value)
 
 
 def _checked(name, params, grad) -> np.ndarray:
@@ -197,8 +264,14 @@ def _checked(name, params, grad) -> np.ndarray:
 def _state_key(position, path: str) -> str:
     """"NNNN/name" of an optimizer variable: its path without the optimizer's
     own name, which Keras numbers per process ("adam_w_1/kernel_momentum" is
-    the second AdamW made there), so a restored shard's differs from the saver's."""
-    return f"{int(position):04d}/{path.partition('/')[2] or path}"
+    the second AdamW made there), so a restored shard's differs from the saver's.
+    A variable made without a name (Nadam's `_u_product`) is numbered per
+    process too ("variable_3"): it is "variable" here."""
+    name = path.partition('/')[2] or path
+    return f"{int(position):04d}/{_UNNAMED.sub('variable', name)}"
+
+
+_UNNAMED = re.compile(r"^variable_\d+$")
 
 
 def short_name(key: str) -> str:

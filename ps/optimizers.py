@@ -8,6 +8,7 @@ shards gives the weights training with Keras would give.
     opt = make_optimizer("adam")              # lr from DEFAULT_LR
     opt.apply(params, grads)                  # params updated in place
     checkpoint = opt.state()                  # slots + iterations
+    in_keras = opt.keras_state()              # the same, named as Keras' optimizer names it
 
 Contract of `apply`: it validates every gradient before it touches any
 variable, so a bad push leaves the shard's weights and slots as they were.
@@ -51,6 +52,27 @@ def flat_blocks(*arrays: np.ndarray):
         yield tuple(f[start:stop] for f in flats)
 
 
+@dataclass
+class KerasState:
+    """An optimizer's state named as the Keras optimizer that runs the same
+    update names it: `slots[attribute][variable]` is the array Keras keeps in
+    `optimizer.<attribute>[i]` for variable i (Adam: "_momentums",
+    "_velocities"; SGD with momentum: "momentums"), `scalars[attribute]` a
+    Variable attribute of the optimizer itself ("_iterations"). Variables are
+    a shard's names (slices, "0003/kernel:1") or, once joined, whole keys.
+    """
+
+    slots: dict[str, dict[str, np.ndarray]]
+    scalars: dict[str, np.ndarray]
+
+    @property
+    def iterations(self) -> int:
+        return int(self.scalars.get(ITERATIONS_ATTRIBUTE, 0))
+
+
+ITERATIONS_ATTRIBUTE = "_iterations"  # Keras' optimizer.iterations counter
+
+
 class Optimizer:
     """Updates numpy float32 variables in place from their gradients.
 
@@ -61,6 +83,8 @@ class Optimizer:
 
     name = "base"
     slot_names: tuple[str, ...] = ()
+    # slot -> the list attribute of the Keras optimizer with the same update
+    keras_slots: dict[str, str] = {}
 
     def __init__(self, lr: float):
         self.lr = _check_lr(self.name, lr)
@@ -98,6 +122,12 @@ class Optimizer:
             for var, arr in by_var.items():
                 out[f"{slot}/{var}"] = arr.copy()
         return out
+
+    def keras_state(self) -> KerasState:
+        """A copy of the slots and `iterations`, named as Keras names them (KerasState)."""
+        slots = {self.keras_slots[slot]: {var: arr.copy() for var, arr in by_var.items()}
+                 for slot, by_var in self._slots.items()}
+        return KerasState(slots, {ITERATIONS_ATTRIBUTE: np.array(self.iterations, np.int64)})
 
     def load_state(self, state: dict[str, np.ndarray], params: dict | None = None) -> None:
         """Replace slots and `iterations` with those of `state()` output.
@@ -150,6 +180,8 @@ class Momentum(Optimizer):
 
     name = "momentum"
     slot_names = ("momentum",)
+    # Keras' velocity has the same sign: both add m to w.
+    keras_slots = {"momentum": "momentums"}
 
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)
@@ -176,6 +208,7 @@ class Adam(Optimizer):
 
     name = "adam"
     slot_names = ("m", "v")
+    keras_slots = {"m": "_momentums", "v": "_velocities"}
 
     def __init__(self, lr: float, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-7):

@@ -70,14 +70,21 @@ class PlacementPlan:
             per_shard[s.shard][s.name] = array if s.whole else array[s.start:s.stop]
         return per_shard
 
-    def join(self, parts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Reassemble whole variables from every slice."""
-        missing = sorted(s.name for s in self.slices if s.name not in parts)
+    def join(self, parts: Mapping[str, np.ndarray],
+             present_only: bool = False) -> dict[str, np.ndarray]:
+        """Reassemble whole variables from every slice. `present_only`: only
+        the variables `parts` has a slice of (an optimizer's slots exist for
+        trainable variables alone); each of those still needs every slice."""
+        slices = self.slices
+        if present_only:
+            present = {s.variable for s in slices if s.name in parts}
+            slices = tuple(s for s in slices if s.variable in present)
+        missing = sorted(s.name for s in slices if s.name not in parts)
         if missing:
             raise BadTensor(f"slices missing from the pulled parameters: {missing}")
         out: dict[str, np.ndarray] = {}
         sliced: dict[str, list[Slice]] = {}
-        for s in self.slices:
+        for s in slices:
             if s.whole:
                 out[s.variable] = parts[s.name]
             else:

@@ -86,8 +86,9 @@ def compile_model(model: keras.Model, optimizer: str = "sgd", lr: float | None =
     the same update rule and defaults), the loss on logits, and accuracy.
 
     Training happens on the shards; this makes a saved model.keras evaluate,
-    and continue training with `fit`, under the run's own optimizer. The
-    optimizer's state (moments) stays on the shards: `fit` starts it afresh.
+    and continue training with `fit`, under the run's own optimizer; the
+    driver loads the shards' optimizer state (moments, iterations) into it
+    before saving (ps/saved_state.py).
     """
     from towerps.ps.optimizers import DEFAULT_LR
 

@@ -1,6 +1,7 @@
 """Checkpoints of a real run, and `--resume`: the resumed run ends with the
 weights of the uninterrupted one, bit for bit (sync, 3 workers, so that the
-order of summation matters; Fashion-MNIST in memory, fixed seed)."""
+order of summation matters; Fashion-MNIST in memory, fixed seed). Every
+model.keras carries the shards' Adam state, sliced variables joined."""
 
 import json
 
@@ -11,6 +12,9 @@ import ray
 
 from towerps.cluster import TrainConfig, train
 from towerps.cluster.driver import resume_config
+from towerps.ps.checkpoint import CheckpointStore
+from towerps.ps.keras_optimizer import keras_variables
+from towerps.ps.placement import plan_placement
 from towerps.workers.variables import ModelVariables
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -36,13 +40,57 @@ def weights_of(path) -> dict[str, bytes]:
     return {k: np.asarray(v.numpy()).tobytes() for k, v in ModelVariables(model).all.items()}
 
 
+def optimizer_of(path) -> dict[str, np.ndarray]:
+    """The saved optimizer's variables as plain Keras loads them:
+    "_momentums/0003/kernel" (a slot of a variable), "_iterations" (its own)."""
+    model = keras.models.load_model(path)
+    keys = ModelVariables(model)
+    lists, scalars = keras_variables(model.optimizer)
+    saved = {attr: np.asarray(v.numpy()) for attr, v in scalars.items()}
+    for attr, slots in lists.items():
+        for variable, slot in zip(model.optimizer._trainable_variables, slots):
+            saved[f"{attr}/{keys.key_of(variable)}"] = np.asarray(slot.numpy())
+    return saved
+
+
+def shards_optimizer(run_dir, version, model_path) -> dict[str, np.ndarray]:
+    """The shards' Adam state in the checkpoint's parts, joined independently of the driver."""
+    model = keras.models.load_model(model_path)
+    plan = plan_placement({k: v.shape for k, v in ModelVariables(model).all.items()}, 2)
+    store = CheckpointStore(str(run_dir / "checkpoints"))
+    parts = [store.read_part(version, k) for k in range(2)]
+    joined = {}
+    for slot, attr in (("m", "_momentums"), ("v", "_velocities")):
+        pieces = {key.partition("/")[2]: array for part in parts
+                  for key, array in part.optimizer.items() if key.startswith(f"{slot}/")}
+        joined.update({f"{attr}/{variable}": array
+                       for variable, array in plan.join(pieces, present_only=True).items()})
+    return joined
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(ray_cluster, tmp_path):
     clean = train(job(tmp_path / "clean", steps=12, keep_checkpoints=2), progress=False)
     assert clean.checkpoints.complete == [8, 12]  # every 4 steps, the newest 2 kept
     assert clean.checkpoints.parts_written == 6 and not clean.checkpoints.errors
     # model.keras of the latest complete checkpoint loads and holds the final weights.
     final = weights_of(tmp_path / "clean" / "model.keras")
-    assert weights_of(tmp_path / "clean" / "checkpoints" / "v0000000012" / "model.keras") == final
+    checkpoint_model = tmp_path / "clean" / "checkpoints" / "v0000000012" / "model.keras"
+    assert weights_of(checkpoint_model) == final
+    # Both carry the shards' Adam: 12 iterations and the moments of the parts.
+    saved = optimizer_of(tmp_path / "clean" / "model.keras")
+    assert int(saved["_iterations"]) == 12
+    in_parts = shards_optimizer(tmp_path / "clean", 12, checkpoint_model)
+    assert len(in_parts) == 2 * sum(1 for k in saved if k.startswith("_momentums/"))
+    for key, array in in_parts.items():
+        np.testing.assert_array_equal(saved[key], array, err_msg=key)
+    assert np.abs(in_parts[next(iter(in_parts))]).max() > 0  # Adam's moments moved
+    assert_same(optimizer_of(checkpoint_model), saved)
 
     # The same run stopped after 6 steps (its last checkpoint: 4), then resumed to 12.
     train(job(tmp_path / "resumed", steps=6), progress=False)
@@ -51,6 +99,7 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(ray_clu
     assert resumed.checkpoints.resumed_from == 4
     assert resumed.steps == 12
     assert weights_of(tmp_path / "resumed" / "model.keras") == final
+    assert_same(optimizer_of(tmp_path / "resumed" / "model.keras"), saved)
 
     metrics = [json.loads(line)
                for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
