@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import ray
 
@@ -276,14 +276,21 @@ class WorkerActor:
     def run(self, start_step: int = 0, data_step: int | None = None):
         return self._worker.run(start_step, data_step)
 
-    def redirect(self, target) -> None:
+    def redirect(self, target) -> list[int]:
         """Train on against the shards of `target` (a workers/redirect.py Redirect);
-        answers while `run` is busy (the actor's second thread)."""
+        answers while `run` is busy (the actor's second thread). Returns the
+        shards this worker now reaches through shared memory."""
         from towerps.workers import PSClient
 
+        if target.shard_nodes is not None:  # a shard started again may have changed node
+            self._job = replace(self._job, addresses=tuple(target.addresses),
+                                shard_nodes=tuple(target.shard_nodes))
+            here = ray.get_runtime_context().get_node_id()
+            self._same_node = same_node_of(self._job, self._rank, here)
         client = PSClient(list(target.addresses), self._job.plan, self._job.wire_dtype,
                           credentials=self._credentials, same_node=self._same_node)
         self._worker.redirect(target, self._faults.wrap_client(self._rank, client))
+        return list(self._same_node.shards) if self._same_node else []
 
     def progress(self):
         """The worker's figures so far (a WorkerReport), or None before setup."""
@@ -291,16 +298,10 @@ class WorkerActor:
 
 
 def same_node_of(job: WorkerJob, rank: int, here: str):
-    """The SameNode of worker `rank` on Ray node `here`: the shards with that
-    node id (a shard on another node, even one on this machine, is reached
-    over gRPC); None when there are none or the run passes every tensor
-    over gRPC."""
+    """The SameNode of worker `rank` on Ray node `here` (SameNode.on_node)."""
     from towerps.workers.same_node import SameNode
 
-    shards = tuple(k for k, node in enumerate(job.shard_nodes) if node == here)
-    if job.same_node is None or not shards:
-        return None
-    return SameNode(job.same_node, rank, shards)
+    return SameNode.on_node(job.same_node, rank, job.shard_nodes, here)
 
 
 def _data_and_model(spec, job: WorkerJob, inputs):

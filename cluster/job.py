@@ -276,6 +276,7 @@ class Job:
                                "cannot be replaced (its split's position is lost); run "
                                "with arrays or a tf.data function to recover from it")
         job = dataclasses.replace(job, addresses=self.addresses,
+                                  shard_nodes=tuple(self._shard_nodes()),
                                   faults=job.faults.for_replacement())
         actor = WorkerActor.options(**self.reservation.worker_options(rank)).remote(
             rank, self.config.verbose)
@@ -333,13 +334,20 @@ class Job:
         return tuple(min(c[rank] for c in clocks) for rank in range(self.config.num_workers))
 
     def redirect_workers(self, target) -> None:
-        """Hand every worker `target` (a Redirect) while it trains. A worker that
-        died meanwhile is skipped: its own replacement starts where the shards are."""
-        for worker in self.workers:
+        """Hand every worker `target` (a Redirect) while it trains, with each
+        shard's node now; placement.json then says which shards each reaches
+        through shared memory. A worker that died meanwhile is skipped: its
+        own replacement starts where the shards are."""
+        target = dataclasses.replace(target, shard_nodes=tuple(self._shard_nodes()))
+        for rank, worker in enumerate(self.workers):
             try:
-                ray.get(worker.redirect.remote(target))
+                shared = ray.get(worker.redirect.remote(target))
             except ray.exceptions.RayActorError:
-                pass
+                continue
+            for record in self.records:
+                if (record["role"], record["index"]) == ("worker", rank):
+                    record["same_node_shards"] = shared
+        self._write_placement()
 
     def _write_placement(self) -> None:
         """placement.json: where every actor runs now (role, index, node, pid, address)."""

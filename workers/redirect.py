@@ -14,6 +14,10 @@ that saw no error picks the new shards up at its next step.
 After a node was lost for good, a Redirect also names the ranks still
 training (`ranks`): from `version` on, each global batch is split over them
 alone (`share_rows`), so the live workers take over the dead ones' rows.
+
+A Redirect names each shard's node (`shard_nodes`): a worker passes
+tensors through shared memory with the shards on its node now, which a
+recovery may have changed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class Redirect:
     version: int  # every shard was restored to it: train on from there
     data_steps: tuple[int, ...] | None = None  # async/ssp: each rank's clock at `version`
     ranks: tuple[int, ...] | None = None  # the ranks sharing each global batch; None: all
+    # Each shard's Ray node id, by index: a shard started again may be on
+    # another node now, so each worker works out anew which shards it
+    # reaches through shared memory. None: where they were.
+    shard_nodes: tuple[str, ...] | None = None
 
 
 def share_rows(global_batch: int, ranks) -> dict[int, slice]:

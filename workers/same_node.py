@@ -42,6 +42,18 @@ class SameNode:
     rank: int  # the worker's
     shards: tuple[int, ...]  # the shards on the worker's node
 
+    @classmethod
+    def on_node(cls, prefix: str | None, rank: int, shard_nodes: Sequence[str],
+                here: str) -> SameNode | None:
+        """Worker `rank`'s SameNode on node `here`, given each shard's node id
+        by index: the shards with that id alone (a shard on another node,
+        even one on this machine, is reached over gRPC). None when there are
+        none or the run passes every tensor over gRPC (`prefix` None)."""
+        shards = tuple(k for k, node in enumerate(shard_nodes) if node == here)
+        if prefix is None or not shards:
+            return None
+        return cls(prefix, rank, shards)
+
     def sweep_dead(self) -> list[str]:
         """Remove the segments of this rank whose creator is dead (a worker
         this one replaces, killed before it could)."""

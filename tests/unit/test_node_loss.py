@@ -9,7 +9,8 @@ from towerps.errors import StepMismatch
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
-from towerps.workers.redirect import share_rows
+from towerps.workers.redirect import Redirect, share_rows
+from towerps.workers.same_node import SameNode
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +70,23 @@ def test_backup_workers_never_leave_a_step_without_a_push():
 def test_set_workers_refuses_ranks_outside_the_job():
     with pytest.raises(ValueError, match=r"ranks \[0, 3\]"):
         make_shard(num_workers=3).set_workers({0: 32, 3: 32})
+
+
+def test_after_a_shard_moved_each_worker_reaches_the_shards_on_its_node_through_shared_memory():
+    before = ("node-a", "node-b")  # shard 0 on a, shard 1 on b
+    assert SameNode.on_node("run", 0, before, "node-a") == SameNode("run", 0, (0,))
+    assert SameNode.on_node("run", 1, before, "node-b") == SameNode("run", 1, (1,))
+    # Node b lost: shard 1 starts again on a, where worker 0 now reaches both.
+    after = ("node-a", "node-a")
+    assert SameNode.on_node("run", 0, after, "node-a") == SameNode("run", 0, (0, 1))
+    # A worker left on a node no shard is on any more uses gRPC alone.
+    assert SameNode.on_node("run", 1, after, "node-b") is None
+    # --same-node-transport grpc: no prefix, no shared memory anywhere.
+    assert SameNode.on_node(None, 0, after, "node-a") is None
+
+
+def test_a_redirect_names_the_shards_nodes_only_when_told():
+    target = Redirect(1, ("127.0.0.2:1", "127.0.0.2:2"), version=20)
+    assert target.shard_nodes is None  # the worker keeps the shards it had
+    moved = Redirect(1, target.addresses, 20, shard_nodes=("node-a", "node-a"))
+    assert moved.shard_nodes == ("node-a", "node-a")
