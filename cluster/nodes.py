@@ -70,6 +70,9 @@ class NodeLoss:
         shares = share_rows(job.config.batch_size, live)
         rows = {r: s.stop - s.start for r, s in shares.items()}
         job.lost_ranks |= set(ranks)
+        for record in job.records:  # kept in placement.json, marked: nothing replaces them
+            if record["role"] == "worker" and record["index"] in ranks:
+                record["lost"] = True
         for k in shards:
             job.replace_shard(k, version, node_id=job.surviving_node(), rows=rows)
         job.rollback_shards(version, skip=tuple(shards), rows=rows)

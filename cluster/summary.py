@@ -171,7 +171,9 @@ class RunSummary(Mapping):
     gate_waits: list[int]
     # -- along the way
     evals: list[Evaluation]  # eval_points snapshots, then the final parameters
-    placement: list[dict]  # per actor: role, index, node, pid, code, address/devices
+    # Per actor: role, index, node, pid, code, address/devices; a worker lost
+    # with its node for good (not replaced) also has "lost": true.
+    placement: list[dict]
     placement_group: dict  # strategy and bundles
     train_started_at_s: float  # seconds since the epoch; metrics' wall_s counts from here
     towers: list[dict]  # per worker: {"rank", "towers": [{"device", "share", "rows"}]}

@@ -107,9 +107,12 @@ def test_a_node_lost_for_good_and_the_job_finishes_on_the_other(two_nodes, tmp_p
     # The lost shard serves again on the head, outside the placement group.
     now = json.loads((run_dir / "placement.json").read_text())
     assert {p["node_ip"] for p in now if p["role"] == "ps"} == {HEAD}
-    # The survivor reaches it there through shared memory, like the head's own shard.
+    # The survivor reaches it there through shared memory, like the head's own
+    # shard; the lost worker's record stays, marked (summary.json's too).
     workers = {p["index"]: p for p in now if p["role"] == "worker"}
     assert workers[survivor]["same_node_shards"] == [0, 1]
+    assert workers[lost_worker]["lost"] is True and "lost" not in workers[survivor]
+    assert lost["placement"] == now
 
     # Every step of the final history is one whole global batch, once.
     assert lost["steps"] == clean["steps"] == STEPS
