@@ -136,6 +136,8 @@ class ShardActor:
         `rows` (after a node was lost): the ranks that make a step from now on
         and each one's rows, set first (Shard.set_workers)."""
         part = self._checkpoints.store.read_part(version, self._index)
+        if self._writer is not None:  # parts of the history given up land before the
+            self._writer.flush(timeout_s=60.0)  # driver discards them (Job.rollback_shards)
         if rows is not None:
             self._shard.set_workers(rows)
         self._shard.restore(part)

@@ -297,6 +297,9 @@ class Job:
         (with `rows`, Shard.set_workers first: after a node was lost)."""
         get([s.rollback.remote(version, rows) for k, s in enumerate(self.shards)
              if k not in skip])
+        # Each live shard has flushed its writer: no part of the history given
+        # up is still on its way from them, so none can complete a checkpoint.
+        self.checkpoints.driver_store().discard_after(version)
 
     def lost_nodes(self) -> dict[str, str]:
         """The nodes this job's actors run on that Ray no longer counts alive: id -> IP.

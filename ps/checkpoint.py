@@ -234,6 +234,21 @@ class CheckpointStore:
                 except FileNotFoundError:
                     pass  # another process pruned it first
 
+    def discard_after(self, version: int) -> list[int]:
+        """Delete every folder newer than `version`; returns their versions.
+
+        After the shards go back to checkpoint `version`, parts of newer
+        versions belong to the abandoned history: one of them left in place
+        could complete a checkpoint together with parts of the new history,
+        which in async and ssp mode would be two histories mixed in one."""
+        newer = [v for v in self._versions() if v > version]
+        for v in newer:
+            try:
+                self._fs.delete_dir(self.folder(v))
+            except FileNotFoundError:
+                pass  # another process deleted it first
+        return newer
+
     def _versions(self) -> list[int]:
         names = self._names(self._root)
         return sorted(int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit())

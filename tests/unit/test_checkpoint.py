@@ -156,6 +156,25 @@ def test_a_checkpoint_is_complete_only_with_every_part_and_old_ones_are_pruned(t
         store.read_part(40, 1)
 
 
+def test_going_back_to_a_checkpoint_discards_the_newer_parts_so_no_history_mixes(tmp_path):
+    """A part of version 30 written before the shards went back to 20 must
+    not complete checkpoint 30 with a part the replayed history writes."""
+    store = CheckpointStore(str(tmp_path / "ckpt"), keep=5)
+    for version, indices in ((20, (0, 1)), (30, (0,)), (40, (1,))):
+        for index in indices:
+            state = new_shard(index=index).export_state()
+            state.version = version
+            store.write_part(state)
+        store.commit(version, num_shards=2)
+    assert store.discard_after(20) == [30, 40]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["v0000000020"]
+    replayed = new_shard(index=1).export_state()
+    replayed.version = 30
+    store.write_part(replayed)
+    assert not store.commit(30, num_shards=2)  # shard 0's old part is gone
+    assert store.latest() == 20
+
+
 def test_an_empty_store_has_no_latest_checkpoint(tmp_path):
     assert CheckpointStore(str(tmp_path / "none")).latest() is None
 
