@@ -35,6 +35,7 @@ from towerps.cluster.actors import (ShardActor, ShardCheckpoints, WorkerActor, W
                                     alive_nodes)
 from towerps.cluster.checkpoints import CheckpointPlan, start_sink
 from towerps.cluster.config import TrainConfig
+from towerps.cluster.liveness import Heartbeat
 from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
 from towerps.cluster.security import JobSecurity, write_cluster_json
@@ -49,6 +50,7 @@ from towerps.workers import PSClient
 from towerps.workers.faults import Faults
 
 FINAL_PULL_TIMEOUT_S = 60.0
+REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
 PLACEMENT_FILE = "placement.json"  # where every actor of the run is now
 
 
@@ -203,7 +205,8 @@ class Job:
                     in zip(self.workers, self._data_steps())]
             watched = watch(self.config, runs, self.shards, client, self.run_dir,
                             t_train, progress, get, start=start, workers=self.workers,
-                            observer=observer, stop=stop, supervisor=self.supervisor)
+                            observer=observer, stop=stop, supervisor=self.supervisor,
+                            heartbeat=Heartbeat(self))
             wall_s = time.time() - t_train
         # A recovery may have moved a shard: a client to where they are now.
         with self.client() as client:
@@ -344,9 +347,9 @@ class Job:
         target = dataclasses.replace(target, shard_nodes=tuple(self._shard_nodes()))
         for rank, worker in enumerate(self.workers):
             try:
-                shared = ray.get(worker.redirect.remote(target))
-            except ray.exceptions.RayActorError:
-                continue
+                shared = ray.get(worker.redirect.remote(target), timeout=REDIRECT_TIMEOUT_S)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                continue  # dead, or as good as: the watch loop's heartbeat replaces it
             for record in self.records:
                 if (record["role"], record["index"]) == ("worker", rank):
                     record["same_node_shards"] = shared

@@ -17,7 +17,10 @@ log_every * num_workers pushes in async/ssp), and one at the end.
 With a supervisor (cluster/supervisor.py; a job that takes checkpoints), a
 failed status call asks it to bring dead shards back, and watching goes on
 with a client to where the shards are now; a worker whose process died is
-replaced, and watching goes on with the replacement's `run` call. After a rollback the shards make
+replaced, and watching goes on with the replacement's `run` call; a worker
+whose run had ended before a rollback runs again from its version. A
+worker's death is known from its `run` call failing, or, if Ray is late to
+report it, from cluster/liveness.py. After a rollback the shards make
 the rolled-back versions again; the log goes on after the newest version
 already seen, so no step is counted twice (and a replaced shard 0, whose
 log starts at the checkpoint, leaves none uncounted).
@@ -107,7 +110,7 @@ class _WorkerPoll:
 def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
           progress: bool | None, get: Callable[[list], list], start: int = 0,
           workers: list = (), observer: Observer | None = None, stop=None,
-          supervisor=None) -> WatchResult:
+          supervisor=None, heartbeat=None) -> WatchResult:
     """Wait for every worker's run (`runs`: their `run` calls' ObjectRefs, by
     rank), logging the shards' updates as they apply.
 
@@ -121,6 +124,8 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     `stop` (a StopRequest): once it is requested, the shards end the run at
     their next version, as a spent time budget does. `supervisor`: brings
     dead shards back instead of failing (see the module's docstring).
+    `heartbeat` (cluster/liveness.py): judges running workers dead without
+    waiting for Ray's report of their death.
     """
     observer = observer or Observer()
     polls = _WorkerPoll(workers)
@@ -167,23 +172,18 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             window = _Window(record.applied_at_s)
 
         last, ending = None, False
+        generation = 0  # the supervisor's latest rollback that watching has acted on
         while True:
+            if supervisor is not None and supervisor.generation > generation:
+                # Workers whose run had ended are needed for the steps made again.
+                generation = supervisor.generation
+                lost = supervisor.job.lost_ranks  # with their node: not run again
+                for ref in [r for r in done if done[r].rank not in pending.values()
+                            and done[r].rank not in lost]:
+                    rank = done.pop(ref).rank
+                    pending[supervisor.run_again(rank)] = rank
             if pending:
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
-                for ref in ready:
-                    rank = pending.pop(ref)
-                    try:
-                        done[ref] = get([ref])[0]
-                    except ActorDied:
-                        observer.lost(rank)
-                        if supervisor is None:
-                            raise
-                        ref = supervisor.worker_lost(rank, seen)
-                        if ref is not None:  # None: lost with its node, not replaced
-                            pending[ref] = rank
-                    except BaseException:
-                        observer.lost(rank)
-                        raise
+                _wait_runs(pending, done, get, seen, observer, supervisor, heartbeat)
             try:
                 replies = client.status(since_version=seen, logs_of=(0,))  # only its log is read
             except ShardUnavailable:
@@ -238,6 +238,40 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     result.snapshots = snapshots.items if snapshots is not None else []
     return result
 
+
+
+def _wait_runs(pending: dict, done: dict, get, seen: int, observer, supervisor,
+               heartbeat) -> None:
+    """Wait up to POLL_S for the workers' `run` calls (`pending`: ref -> rank),
+    moving each finished one to `done` (ref -> its WorkerReport). A worker
+    whose actor died (Ray's report, or `heartbeat`'s judgement) is replaced
+    by the supervisor, or raises ActorDied without one."""
+    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
+    lost = []
+    for ref in ready:
+        rank = pending.pop(ref)
+        try:
+            done[ref] = get([ref])[0]
+        except ActorDied:
+            if supervisor is None:
+                observer.lost(rank)
+                raise
+            lost.append(rank)
+        except BaseException:
+            observer.lost(rank)
+            raise
+    if heartbeat is not None:
+        silent = heartbeat.dead(r for r in pending.values() if r not in lost)
+        for ref in [r for r, rank in pending.items() if rank in silent]:
+            lost.append(pending.pop(ref))
+    for rank in lost:
+        observer.lost(rank)
+        if supervisor is None:
+            raise ActorDied(f"worker {rank} stopped answering and its actor was killed; the "
+                            "job takes no checkpoints to recover from (--checkpoint-every N)")
+        ref = supervisor.worker_lost(rank, seen)
+        if ref is not None:  # None: lost with its node, not replaced
+            pending[ref] = rank
 
 
 def _records_up_to(path: str, version: int) -> list[dict]:

@@ -77,8 +77,9 @@ class NodeLoss:
             job.replace_shard(k, version, node_id=job.surviving_node(), rows=rows)
         job.rollback_shards(version, skip=tuple(shards), rows=rows)
         supervisor.generation += 1
-        job.redirect_workers(Redirect(supervisor.generation, tuple(job.addresses), version,
-                                      ranks=tuple(live)))
+        supervisor.last_redirect = Redirect(supervisor.generation, tuple(job.addresses), version,
+                                            ranks=tuple(live))
+        job.redirect_workers(supervisor.last_redirect)
         seconds = time.time() - noticed
         supervisor.recoveries += [
             Recovery(role, index, seen, version, max(seen - version, 0), noticed, seconds,

@@ -3,6 +3,7 @@
     supervisor = Supervisor(job)                  # a job that takes checkpoints
     back = supervisor.shards_failed(seen, client)  # the status call failed: ShardsBack
     run_ref = supervisor.worker_lost(rank, seen)      # a worker's `run` call: actor died
+    run_ref = supervisor.run_again(rank)           # its run had ended before a rollback
 
 A shard's process that dies takes its actor with it: a call to the actor
 fails at once, and every gRPC call to its address fails. When the driver's
@@ -28,6 +29,9 @@ twice and nothing skipped. If they disagree, the worker died in the middle
 of a push that reached only some shards, and a shard may already have
 applied it; no push can make that whole, so every shard goes back to the
 latest complete checkpoint and every worker with it, as for a dead shard.
+A worker whose `run` had already ended (it pushed its last step) when a
+rollback came is needed for the steps made again: `run_again` starts it
+from the rollback's version, in a replacement if it died meanwhile.
 (A push fully sent before the process died but read by its shard only
 after the positions were read would be missed by this check; Ray reports a
 death well after the process's sockets are closed.)
@@ -74,6 +78,7 @@ class Supervisor:
     def __init__(self, job):
         self.job = job  # cluster/job.py's Job
         self.generation = 0  # counts redirects handed to the workers
+        self.last_redirect: Redirect | None = None  # the latest rollback's
         self.recoveries: list[Recovery] = []
         self.nodes = NodeLoss(job)  # recovers from a node lost for good
 
@@ -164,6 +169,24 @@ class Supervisor:
                                         noticed, time.time() - noticed))
         return ref
 
+    def run_again(self, rank: int):
+        """Worker `rank`'s `run` had ended before the latest rollback: start it
+        again from the rollback's version (in a replacement if its actor is
+        dead) and return the call's ObjectRef. Blocks until it is started."""
+        job, target = self.job, self.last_redirect
+        try:
+            ray.get(job.workers[rank].progress.remote(), timeout=PING_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            noticed = time.time()
+            log.warning("worker %d, whose run had ended, is gone: a new one takes its rank",
+                        rank)
+            ray.kill(job.workers[rank])
+            job.replace_worker(rank)
+            self.recoveries.append(Recovery("worker", rank, target.version, target.version, 0,
+                                            noticed, time.time() - noticed))
+        data_step = target.data_steps[rank] if target.data_steps else None
+        return job.workers[rank].run.remote(target.version, data_step)
+
     def _recover_shards(self, dead: list[int], seen: int, noticed: float) -> int:
         """Dead shards replaced from the latest complete checkpoint, every other
         rolled back to it, the workers redirected; returns its version."""
@@ -191,5 +214,6 @@ class Supervisor:
         job = self.job
         job.rollback_shards(version, skip)
         self.generation += 1
-        job.redirect_workers(Redirect(self.generation, tuple(job.addresses), version,
-                                      job.resumed_data_steps()))
+        self.last_redirect = Redirect(self.generation, tuple(job.addresses), version,
+                                      job.resumed_data_steps())
+        job.redirect_workers(self.last_redirect)

@@ -103,3 +103,16 @@ def test_same_node(tmp_path):
     figures = run_bench("same_node", tmp_path)["figures"]
     assert set(figures["per_size"]["1MB"]) == {"file", "mmap", "object", "object0"}
     assert all(m["mb_per_s"] > 0 for m in figures["per_size"]["1MB"].values())
+
+
+def test_chaos(tmp_path):
+    """A shard and a worker SIGKILLed in a sync run: both recovered inside the
+    job, and the final weights equal the clean run's bit for bit."""
+    figures = run_bench("chaos", tmp_path)["figures"]
+    assert [(k["role"], k["recovered"]) for k in figures["kills"]] == [
+        ("ps", True), ("worker", True)]
+    assert figures["kills_survived"] == 2 and figures["weights_equal"] is True
+    for kill in figures["kills"]:
+        assert 0 < kill["detect_s"] < kill["kill_to_resumed_s"]
+    assert figures["examples"]["chaos"] == figures["examples"]["clean"]
+    assert figures["chaos_test_accuracy"] == figures["clean_test_accuracy"]

@@ -1,0 +1,85 @@
+"""A rank taken over after its worker died, with real kills (SIGKILL of the
+actor's process), sync, 3 workers on Fashion-MNIST, fixed seed: the run ends
+with the weights of a clean run, bit for bit.
+
+A rollback after some workers' runs had ended (each pushed its last step)
+starts them again, in a new actor if one died meanwhile.
+
+The moments are fixed by test seams (workers/faults.py: a worker holds
+before a push until the test releases it) and by the shards' own counters.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from tests.ray.test_checkpoints import job, weights_of
+from tests.ray.test_recovery import Background, pid_of, wait_for_file
+from towerps.cluster import train
+from towerps.cluster.security import read_cluster_json
+from towerps.cluster.status import ShardReader
+from towerps.workers.faults import Faults, Hold
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STEPS, WORKERS = 16, 3  # checkpoints every 4 (test_checkpoints.job)
+TIMEOUT_S = 600.0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """3 workers, 2 shards, the checkpoint sink and a replacement or spare."""
+    ray.init(address="local", num_cpus=7, include_dashboard=False,
+             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def clean(ray_cluster, tmp_path_factory):
+    """The run without failures: its final weights."""
+    run_dir = tmp_path_factory.mktemp("clean")
+    train(job(run_dir, steps=STEPS), progress=False)
+    return weights_of(run_dir / "model.keras")
+
+
+def wait_for_pushes(run_dir, count: int, timeout_s: float = TIMEOUT_S) -> None:
+    """Block until every shard has taken `count` pushes (a step being gathered counts)."""
+    reader = ShardReader(*read_cluster_json(str(run_dir)))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not all(s.up and s.pushes_applied >= count for s in reader.ask()):
+            assert time.monotonic() < deadline, f"{count} pushes did not arrive in {timeout_s:g} s"
+            time.sleep(0.05)
+    finally:
+        reader.close()
+
+
+def test_a_rollback_after_runs_ended_runs_them_again(ray_cluster, clean, tmp_path):
+    """Worker 0 holds before its push of the last step; workers 1 and 2 push
+    theirs, and their runs end. Worker 1 is then SIGKILLed, and shard 1: every
+    shard goes back to checkpoint 12, and steps 12..15 need every rank, so
+    worker 2 runs again and a new actor takes rank 1."""
+    run_dir = tmp_path / "ended"
+    release = str(tmp_path / "release")
+    run = Background(job(run_dir, steps=STEPS,
+                         faults=Faults(holds=(Hold(rank=0, step=STEPS - 1, release=release),))))
+    wait_for_file(release + ".held")
+    wait_for_pushes(run_dir, (STEPS - 1) * WORKERS + 2)
+    os.kill(pid_of(run_dir, "worker", 1), signal.SIGKILL)
+    shard = pid_of(run_dir, "ps", 1)
+    os.kill(shard, signal.SIGKILL)
+    deadline = time.monotonic() + TIMEOUT_S
+    while pid_of(run_dir, "ps", 1) == shard:  # placement.json: the recovery is done
+        assert time.monotonic() < deadline, "shard 1 was not brought back"
+        time.sleep(0.05)
+    open(release, "w").close()
+    summary = run.result()
+
+    assert summary.steps == STEPS and summary.examples == STEPS * 96
+    assert weights_of(run_dir / "model.keras") == clean
+    assert ("ps", 1) in [(r.role, r.index) for r in summary.recoveries]
+    assert ("worker", 1) in [(r.role, r.index) for r in summary.recoveries]
