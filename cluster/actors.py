@@ -275,8 +275,8 @@ class WorkerActor:
         """Each tower's device, batch share and rows (shares move with `measured`)."""
         return self._worker.tower.report()
 
-    def run(self, start_step: int = 0, data_step: int | None = None):
-        return self._worker.run(start_step, data_step)
+    def run(self, start_step: int = 0, data_step: int | None = None, generation: int = 0):
+        return self._worker.run(start_step, data_step, generation)
 
     def redirect(self, target) -> list[int]:
         """Train on against the shards of `target` (a workers/redirect.py Redirect);

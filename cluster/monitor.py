@@ -172,18 +172,17 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             window = _Window(record.applied_at_s)
 
         last, ending = None, False
-        generation = 0  # the supervisor's latest rollback that watching has acted on
         while True:
-            if supervisor is not None and supervisor.generation > generation:
-                # Workers whose run had ended are needed for the steps made again.
-                generation = supervisor.generation
-                lost = supervisor.job.lost_ranks  # with their node: not run again
-                for ref in [r for r in done if done[r].rank not in pending.values()
-                            and done[r].rank not in lost]:
-                    rank = done.pop(ref).rank
-                    pending[supervisor.run_again(rank)] = rank
             if pending:
                 _wait_runs(pending, done, get, seen, observer, supervisor, heartbeat)
+            if supervisor is not None:
+                # A run that ended before the latest rollback is needed for the
+                # steps made again (a worker lost with its node is not).
+                for ref in [r for r, report in done.items()
+                            if report.generation < supervisor.generation
+                            and report.rank not in supervisor.job.lost_ranks]:
+                    rank = done.pop(ref).rank
+                    pending[supervisor.run_again(rank)] = rank
             try:
                 replies = client.status(since_version=seen, logs_of=(0,))  # only its log is read
             except ShardUnavailable:

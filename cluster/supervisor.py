@@ -163,14 +163,15 @@ class Supervisor:
                 start = last_step + 1
         steps = job.resumed_data_steps() if rolled_back else None
         data_step = steps[rank] if steps else (None if job.config.mode.aggregates else clock)
-        ref = job.workers[rank].run.remote(start, data_step)
+        ref = job.workers[rank].run.remote(start, data_step, self.generation)
         self.recoveries.append(Recovery("worker", rank, seen, start,
                                         max(seen - start, 0) if rolled_back else 0,
                                         noticed, time.time() - noticed))
         return ref
 
     def run_again(self, rank: int):
-        """Worker `rank`'s `run` had ended before the latest rollback: start it
+        """Worker `rank`'s `run` ended without going on from the latest rollback
+        (its WorkerReport's generation is older): start it
         again from the rollback's version (in a replacement if its actor is
         dead) and return the call's ObjectRef. Blocks until it is started."""
         job, target = self.job, self.last_redirect
@@ -185,7 +186,7 @@ class Supervisor:
             self.recoveries.append(Recovery("worker", rank, target.version, target.version, 0,
                                             noticed, time.time() - noticed))
         data_step = target.data_steps[rank] if target.data_steps else None
-        return job.workers[rank].run.remote(target.version, data_step)
+        return job.workers[rank].run.remote(target.version, data_step, self.generation)
 
     def _recover_shards(self, dead: list[int], seen: int, noticed: float) -> int:
         """Dead shards replaced from the latest complete checkpoint, every other

@@ -109,6 +109,7 @@ class WorkerReport:
     at_s: float = 0.0  # time.time() when these figures were read
     losses: list[float] = field(default_factory=list)
     recoveries: int = 0  # times this worker went on from a recovery's version
+    generation: int = 0  # the newest recovery (Redirect.generation) its run went on from
 
 
 class Worker:
@@ -145,7 +146,8 @@ class Worker:
         return replace(self.report, losses=[], bytes_sent=self.client.bytes_sent,
                        bytes_received=self.client.bytes_received, at_s=time.time())
 
-    def run(self, start_step: int = 0, data_step: int | None = None) -> WorkerReport:
+    def run(self, start_step: int = 0, data_step: int | None = None,
+            generation: int = 0) -> WorkerReport:
         """Train from version `start_step` until the run's end; blocks until done.
 
         `data_step` (async/ssp) is the global batch this worker's next
@@ -162,6 +164,8 @@ class Worker:
         """
         spec, report = self.spec, self.report
         wanted = start_step
+        # Recoveries up to `generation` are behind `start_step` already.
+        report.generation = max(generation, self.redirects.generation)
         own_step = start_step if data_step is None else data_step
         # With recoveries, the last pull waits for the final version itself: a
         # rollback after this worker's last push (its step not yet applied,
@@ -185,6 +189,7 @@ class Worker:
             if target is not None:
                 report.recoveries += 1
                 self._pulled = None  # of the shards before the recovery
+                report.generation = target.generation
                 if target.ranks is not None:
                     self.part = share_rows(spec.global_batch_size, target.ranks)[spec.rank]
                 wanted = target.version
