@@ -164,6 +164,7 @@ class Worker:
         """
         spec, report = self.spec, self.report
         wanted = start_step
+        self._pulled = None  # a run again (a rollback) starts from its own pull
         # Recoveries up to `generation` are behind `start_step` already.
         report.generation = max(generation, self.redirects.generation)
         own_step = start_step if data_step is None else data_step
