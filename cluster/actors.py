@@ -241,7 +241,26 @@ class WorkerActor:
         user's data (workers/inputs.py: arrays, TFDataInput, RayDataInput);
         `credentials` (towerps.auth.Credentials): this rank's own token, as a
         method argument."""
-        from towerps.workers import PSClient, Worker
+        self._build(spec, job, inputs)
+        return self._assign(spec, job, inputs, credentials, reopen=False)
+
+    def warm(self, spec, job: WorkerJob, inputs=None) -> dict:
+        """Set up as a spare (cluster/spares.py): TensorFlow, the data and the
+        towers, built as `setup` builds them, but no client and no rank yet;
+        `take_over` gives it one. Returns its record (role "spare")."""
+        self._build(spec, job, inputs)
+        return _node_record("spare", self._rank)
+
+    def take_over(self, spec, job: WorkerJob, inputs=None, credentials=None) -> dict:
+        """A warm spare becomes worker `spec.rank` (a dead worker's): its rows
+        of each batch, its token `credentials`, a client to `job.addresses`,
+        shared memory with the shards on this node; returns its record. Quick:
+        the towers built by `warm` are kept (every step pulls their weights)."""
+        self._rank = spec.rank
+        return self._assign(spec, job, inputs, credentials, reopen=job.user_model is not None)
+
+    def _build(self, spec, job: WorkerJob, inputs) -> None:
+        """The slow part of setting up: devices, data set, towers (seconds)."""
         from towerps.workers.devices import DeviceConfig, configure_devices
         from towerps.workers.faults import Faults
         from towerps.workers.towers import TowerGroup
@@ -251,20 +270,28 @@ class WorkerActor:
         config = job.devices or DeviceConfig()
         devices = configure_devices(config, assigned_gpus=ray.get_gpu_ids())
 
-        dataset, make_model = _data_and_model(spec, job, inputs)
+        self._dataset, make_model = _data_and_model(spec, job, inputs)
         # Test-only slowdowns wrap the towers; the worker loop cannot tell.
-        faults = job.faults or Faults()
-        towers = TowerGroup.build(make_model, devices, config.tower_balance,
-                                  wrap=faults.wrap_towers, loss=job.loss)
+        self._faults = job.faults or Faults()
+        self._towers = TowerGroup.build(make_model, devices, config.tower_balance,
+                                        wrap=self._faults.wrap_towers, loss=job.loss)
+
+    def _assign(self, spec, job: WorkerJob, inputs, credentials, reopen: bool) -> dict:
+        """The rank's own part: client, same-node shards, the Worker loop.
+        `reopen`: open the rank's own input of the user's data anew."""
+        from towerps.workers import PSClient, Worker
+
+        if reopen:
+            self._dataset, _ = _data_and_model(spec, job, inputs)
         self._same_node = same_node_of(job, self._rank, ray.get_runtime_context().get_node_id())
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials,
                           same_node=self._same_node)
         # A redirect's new client: the same credentials, the same test seams.
-        self._job, self._credentials, self._faults = job, credentials, faults
-        self._worker = Worker(spec, dataset, faults.wrap_worker(self._rank, towers),
+        self._job, self._credentials, faults = job, credentials, self._faults
+        self._worker = Worker(spec, self._dataset, faults.wrap_worker(self._rank, self._towers),
                               faults.wrap_client(self._rank, client))
         record = _node_record("worker", self._rank)
-        record["devices"] = towers.devices
+        record["devices"] = self._towers.devices
         record["ray_gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]
         # The shards this worker reaches through shared memory (the rest: gRPC).
         record["same_node_shards"] = list(self._same_node.shards) if self._same_node else []

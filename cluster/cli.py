@@ -149,6 +149,10 @@ def _add_job_flags(parser) -> None:
         "a folder every node sees, or a pyarrow.fs URI: s3://, gs://, file://")
     add("--keep-checkpoints", type=int, default=3, metavar="K",
         help="complete checkpoints kept (default 3)")
+    add("--spare-workers", type=int, default=0, metavar="K",
+        help="keep K workers set up and waiting, so one takes a dead worker's rank at once "
+        "instead of a cold start (needs --checkpoint-every; the job reserves K more "
+        "worker bundles, each a worker's CPUs and GPUs; default 0)")
     add("--sum-order", choices=SUM_ORDERS, default="rank",
         help="sync: add a step's gradients in rank order, so runs repeat bit for bit "
         "(default), or as they arrive (holds none back)")
@@ -277,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_every=args.checkpoint_every,
             checkpoint_dir=args.checkpoint_dir,
             keep_checkpoints=args.keep_checkpoints,
+            spare_workers=args.spare_workers,
             devices=_device_config(args),
             dashboard=args.dashboard,
             verbose=args.verbose,
@@ -366,7 +371,8 @@ def _train_own_model(args, parser):
         push_pull=args.push_pull,
         slow_worker=args.slow_worker, devices=_device_config(args),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-        keep_checkpoints=args.keep_checkpoints, dashboard=args.dashboard, verbose=args.verbose,
+        keep_checkpoints=args.keep_checkpoints, spare_workers=args.spare_workers,
+        dashboard=args.dashboard, verbose=args.verbose,
         **_mode_fields(args), **_security_fields(args),
     ).summary
 

@@ -80,6 +80,9 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 3
+    # Warm workers kept ready to take a dead worker's rank at once
+    # (cluster/spares.py); each holds one more worker bundle. Needs checkpoints.
+    spare_workers: int = 0
     # The data plane (docs/security.md): every call carries the job's token;
     # token_file: the operator's job secret (None: the driver makes one);
     # tls: auto (on when the cluster has more than one node) | on | off;
@@ -171,6 +174,13 @@ class TrainConfig:
             raise ConfigError(
                 f"--checkpoint-dir {self.checkpoint_dir!r} needs --checkpoint-every N "
                 "(steps between checkpoints)"
+            )
+        if self.spare_workers < 0:
+            raise ConfigError(f"--spare-workers must be 0 or more, got {self.spare_workers}")
+        if self.spare_workers and not self.checkpoint_every:
+            raise ConfigError(
+                f"--spare-workers {self.spare_workers} needs --checkpoint-every N: spares "
+                "take over dead workers, and recovery is on only with checkpoints"
             )
         if self.pull_timeout_s <= 0:
             raise ConfigError(f"pull_timeout_s must be positive, got {self.pull_timeout_s}")

@@ -39,6 +39,7 @@ from towerps.cluster.liveness import Heartbeat
 from towerps.cluster.monitor import WatchResult, watch
 from towerps.cluster.placement import Reservation, reserve
 from towerps.cluster.security import JobSecurity, write_cluster_json
+from towerps.cluster.spares import Spares, SpareSetup
 from towerps.cluster.supervisor import Supervisor
 from towerps.errors import ActorDied, ActorFailed, ClusterError, TowerpsError
 from towerps.ps.checkpoint import ShardState
@@ -107,6 +108,7 @@ class Job:
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
         self.optimizer: OptimizerSpec | None = None  # what the shards run; set by start()
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
+        self.spares: Spares | None = None  # warm workers that take a dead one's rank
         self.lost_ranks: set[int] = set()  # workers whose node was lost; not replaced
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
         # The same-node transport's segments are named by this (src/towerps/shm.py).
@@ -179,10 +181,13 @@ class Job:
         # What a replacement of a dead worker is set up with (replace_worker).
         self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
         self.streams_data = user is not None and user.data.kind != "arrays"
-        records = get([w.setup.remote(worker_spec(c, r, clip), job, inputs[r],
-                                      self.security.worker(r))
-                       for r, w in enumerate(self.workers)])
-        self.records += records
+        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r))
+                for r, w in enumerate(self.workers)]
+        if c.spare_workers:  # warmed beside the workers: their set-up, not yet a rank
+            self.spares = Spares(self, SpareSetup(worker_spec(c, 0, clip),
+                                                  self._replacement_job(), inputs[0]))
+        spare_records = self.spares.start() if self.spares else []
+        self.records += get(refs) + spare_records
         self.reservation.record(self.records)  # logs where each landed
         self._write_placement()
 
@@ -269,26 +274,39 @@ class Job:
         write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
                            self.addresses, self.security)
 
-    def replace_worker(self, rank: int) -> None:
-        """A new actor for dead worker `rank` in its placement bundle, set up like
-        the first (without the one-time test faults); blocks until it is ready
-        (it imports TensorFlow and builds its model: seconds). It does not run yet."""
-        job, inputs, clip, streamed = self._worker_setup
+    def _replacement_job(self) -> WorkerJob:
+        """The WorkerJob a replacement is set up with: the shards where they are
+        now, without the one-time test faults."""
+        job = self._worker_setup[0]
+        return dataclasses.replace(job, addresses=self.addresses,
+                                   shard_nodes=tuple(self._shard_nodes()),
+                                   faults=job.faults.for_replacement())
+
+    def replace_worker(self, rank: int) -> bool:
+        """Dead worker `rank`'s rank to a warm spare (cluster/spares.py), or, with
+        none left, to a new actor in its placement bundle set up like the first;
+        blocks until it is ready (a cold one imports TensorFlow and builds its
+        model: seconds). It does not run yet. Returns whether a spare took it."""
+        _, inputs, clip, streamed = self._worker_setup
         if streamed:
             raise ClusterError(f"worker {rank} died, and a worker fed by a Ray Data stream "
                                "cannot be replaced (its split's position is lost); run "
                                "with arrays or a tf.data function to recover from it")
-        job = dataclasses.replace(job, addresses=self.addresses,
-                                  shard_nodes=tuple(self._shard_nodes()),
-                                  faults=job.faults.for_replacement())
-        actor = WorkerActor.options(**self.reservation.worker_options(rank)).remote(
-            rank, self.config.verbose)
-        self.workers[rank] = actor
-        record = get([actor.setup.remote(worker_spec(self.config, rank, clip), job,
-                                         inputs[rank], self.security.worker(rank))])[0]
+        spec, job = worker_spec(self.config, rank, clip), self._replacement_job()
+        taken = self.spares and self.spares.take(rank, spec, job, inputs[rank],
+                                                 self.security.worker(rank))
+        if taken:
+            self.workers[rank], record = taken
+        else:
+            actor = WorkerActor.options(**self.reservation.worker_options(rank)).remote(
+                rank, self.config.verbose)
+            self.workers[rank] = actor
+            record = get([actor.setup.remote(spec, job, inputs[rank],
+                                             self.security.worker(rank))])[0]
         self.records = [r for r in self.records if (r["role"], r["index"]) != ("worker", rank)]
         self.records.append(record)
         self._write_placement()
+        return bool(taken)
 
     def worker_positions(self, rank: int) -> list[tuple[int, int]]:
         """Per shard: worker `rank`'s latest step pushed there and its clock."""
@@ -367,9 +385,11 @@ class Job:
         reservation. Idempotent."""
         for actor in self.shards:
             _stop_quietly(actor)
-        for actor in self.workers + self.shards + [self.sink] * (self.sink is not None):
+        spares = self.spares.actors() if self.spares else []
+        for actor in (self.workers + spares + self.shards
+                      + [self.sink] * (self.sink is not None)):
             ray.kill(actor)
-        self.shards, self.workers, self.sink = [], [], None
+        self.shards, self.workers, self.sink, self.spares = [], [], None, None
         self.reservation.release()
         if self.segment_prefix is not None:  # the shards swept their nodes; this is ours
             sweep(self.segment_prefix)

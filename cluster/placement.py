@@ -52,6 +52,7 @@ class NodeLayout:
     bundles: tuple[dict[str, float], ...]
     shard_bundle: tuple[int, ...]  # shard k -> bundle index
     worker_bundle: tuple[int, ...]  # worker r -> bundle index
+    spare_bundle: tuple[int, ...] = ()  # the bundles of the spare workers, after the slots
 
 
 def plan_layout(
@@ -60,16 +61,20 @@ def plan_layout(
     worker_resources: Mapping[str, float],
     num_nodes: int,
     shard_resources: Mapping[str, float] = SHARD_RESOURCES,
+    spare_workers: int = 0,
 ) -> NodeLayout:
-    """Slot i holds shard i and worker i; STRICT_SPREAD when the slots fit one per node."""
+    """Slot i holds shard i and worker i, then one worker's bundle per spare;
+    STRICT_SPREAD when all of them fit one per node."""
     slots = max(num_workers, num_ps)
     bundles = []
     for i in range(slots):
         shard = [shard_resources] if i < num_ps else []
         worker = [worker_resources] if i < num_workers else []
         bundles.append(_add(*shard, *worker))
-    strategy = "STRICT_SPREAD" if slots <= num_nodes else "SPREAD"
-    return NodeLayout(strategy, tuple(bundles), tuple(range(num_ps)), tuple(range(num_workers)))
+    bundles += [dict(worker_resources) for _ in range(spare_workers)]
+    strategy = "STRICT_SPREAD" if len(bundles) <= num_nodes else "SPREAD"
+    return NodeLayout(strategy, tuple(bundles), tuple(range(num_ps)), tuple(range(num_workers)),
+                      tuple(range(slots, slots + spare_workers)))
 
 
 def check_fits(layout: NodeLayout, nodes: Sequence[Node]) -> None:
@@ -202,6 +207,8 @@ class Reservation:
         self.layout = layout
         self._group = group
         self._worker_actor_options = worker_actor_options
+        # Worker r's bundle now: a spare that takes a rank over keeps its own.
+        self._worker_bundle = list(layout.worker_bundle)
 
     def shard_options(self, index: int) -> dict:
         bundle = self.layout.shard_bundle[index]
@@ -223,7 +230,20 @@ class Reservation:
                 "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
 
     def worker_options(self, rank: int) -> dict:
-        return {**self._worker_actor_options, **self._strategy(self.layout.worker_bundle[rank])}
+        return self.bundle_options(self._worker_bundle[rank])
+
+    def bundle_options(self, bundle: int) -> dict:
+        """A worker actor (or a spare) in `bundle`."""
+        return {**self._worker_actor_options, **self._strategy(bundle)}
+
+    def worker_bundle(self, rank: int) -> int:
+        return self._worker_bundle[rank]
+
+    def move_worker(self, rank: int, bundle: int) -> int:
+        """Worker `rank` runs in `bundle` from now on (a spare took it over);
+        returns the bundle it ran in, free once its dead actor is gone."""
+        old, self._worker_bundle[rank] = self._worker_bundle[rank], bundle
+        return old
 
     def _strategy(self, bundle: int) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -232,9 +252,10 @@ class Reservation:
 
     def record(self, records: list[dict]) -> list[dict]:
         """Add each actor's bundle to its record and log where everything landed."""
+        bundles = {"ps": self.layout.shard_bundle, "worker": self._worker_bundle}
         for r in records:
-            bundles = self.layout.shard_bundle if r["role"] == "ps" else self.layout.worker_bundle
-            r["bundle"] = bundles[r["index"]]
+            if r["role"] in bundles:  # a spare's record names its bundle already
+                r["bundle"] = bundles[r["role"]][r["index"]]
         for line in describe(records):
             logger.info(line)
         return records
@@ -263,7 +284,8 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
 
     nodes = alive_nodes()
     per_worker = worker_resources(config)
-    layout = plan_layout(config.num_workers, config.num_ps, per_worker, len(nodes))
+    layout = plan_layout(config.num_workers, config.num_ps, per_worker, len(nodes),
+                         spare_workers=config.spare_workers)
     check_fits(layout, nodes)
     needed = _add(*layout.bundles)
     group = placement_group(list(layout.bundles), strategy=layout.strategy)

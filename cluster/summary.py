@@ -123,6 +123,7 @@ class Recovery:
     # After a node loss: the ranks that share each global batch from then on
     # (a lost worker's rows are theirs; it is not replaced). None: all of them.
     ranks: list[int] | None = None
+    spare: bool = False  # a worker's rank went to a spare set up in advance (--spare-workers)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ in sync mode the replay computes exactly what was lost, so the run ends
 with the weights it would have had. Each recovery is recorded
 (summary.json's `recoveries`).
 
-A worker that dies is replaced by a new WorkerActor in its bundle, set up
-as the first was, which takes its rank. Where it starts comes from the
+A worker that dies is replaced by a warm spare (`--spare-workers`,
+cluster/spares.py) or, with none left, by a new WorkerActor in its bundle,
+set up as the first was, which takes its rank. Where it starts comes from the
 shards' exactly-once tables (`Shard.worker_position`): what makes a push
 unique is (rank, step) in sync mode and (rank, clock: the count of global
 batches it pushed) in async and ssp. If every shard holds the same latest
@@ -138,7 +139,7 @@ class Supervisor:
         if rank in job.lost_ranks or self.nodes.recover(self, seen, noticed):
             return None  # lost with its node: the others took over its rows
         try:
-            job.replace_worker(rank)
+            spare = job.replace_worker(rank)
         except ActorDied:  # its node died too, and Ray said so after the worker's death
             if not self.nodes.recover(self, seen, noticed):
                 raise
@@ -166,7 +167,7 @@ class Supervisor:
         ref = job.workers[rank].run.remote(start, data_step, self.generation)
         self.recoveries.append(Recovery("worker", rank, seen, start,
                                         max(seen - start, 0) if rolled_back else 0,
-                                        noticed, time.time() - noticed))
+                                        noticed, time.time() - noticed, spare=spare))
         return ref
 
     def run_again(self, rank: int):
@@ -182,9 +183,9 @@ class Supervisor:
             log.warning("worker %d, whose run had ended, is gone: a new one takes its rank",
                         rank)
             ray.kill(job.workers[rank])
-            job.replace_worker(rank)
+            spare = job.replace_worker(rank)
             self.recoveries.append(Recovery("worker", rank, target.version, target.version, 0,
-                                            noticed, time.time() - noticed))
+                                            noticed, time.time() - noticed, spare=spare))
         data_step = target.data_steps[rank] if target.data_steps else None
         return job.workers[rank].run.remote(target.version, data_step, self.generation)
 

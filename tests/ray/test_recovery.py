@@ -305,3 +305,29 @@ def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_k
     assert {**summary["config"], "run_dir": None} == {
         **json.loads((clean / "summary.json").read_text())["config"], "run_dir": None}
     assert_as_clean(run_dir, summary, clean)
+
+
+def test_a_spare_takes_a_killed_workers_rank_and_the_run_ends_as_without_the_kill(
+        clean, tmp_path):
+    """3 workers and 1 spare (set up, not running): worker 1 SIGKILLed while it
+    holds before step 9; the spare takes rank 1 from step 9 (its token, its
+    rows), nothing is rolled back, and the run ends with the clean run's
+    weights. placement.json then puts rank 1 on the spare's process."""
+    run_dir = tmp_path / "spare"
+    release = str(tmp_path / "release-9")
+    faults = Faults(holds=(Hold(rank=1, step=9, release=release),))
+    run = Background(job(run_dir, steps=STEPS, spare_workers=1, faults=faults))
+    wait_for_file(release + ".held")
+    spare = pid_of(run_dir, "spare", 0)
+    killed = pid_of(run_dir, "worker", 1)
+    os.kill(killed, signal.SIGKILL)
+    open(release, "w").close()  # the spare, holding for rank 1 too, goes on at once
+    summary = run.result()
+
+    (taken,) = summary.recoveries
+    assert (taken.role, taken.index, taken.resumed_from, taken.steps_replayed, taken.spare) == (
+        "worker", 1, 9, 0, True)
+    assert pid_of(run_dir, "worker", 1) == spare != killed
+    assert_as_clean(run_dir, summary, clean)
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert [r["spare"] for r in on_disk["recoveries"]] == [True]

@@ -55,6 +55,9 @@ def test_unknown_values_are_refused_by_the_parser(capsys, argv, message):
     [
         (["--batch-size", "127", "--num-workers", "2"], "--batch-size 127 is the global batch"),
         (["--steps", "0"], "--steps must be at least 1"),
+        (["--spare-workers", "1"], "--spare-workers 1 needs --checkpoint-every N"),
+        (["--spare-workers", "-1", "--checkpoint-every", "4"],
+         "--spare-workers must be 0 or more, got -1"),
         (["--lr", "-1"], "--lr must be positive"),
         (["--address", "127.0.0.1:1"], "no Ray cluster answers at '127.0.0.1:1'"),
         (["--address", "nonsense"], "is not host:port"),

@@ -23,6 +23,14 @@ def test_one_shard_and_one_worker_per_node_strictly_spread():
     assert layout.shard_bundle == (0, 1) and layout.worker_bundle == (0, 1)
 
 
+def test_each_spare_worker_gets_a_bundle_of_its_own_after_the_slots():
+    layout = plan_layout(2, 2, GPU_WORKER, num_nodes=4, spare_workers=2)
+    assert layout.strategy == "STRICT_SPREAD"  # 4 bundles on 4 nodes
+    assert layout.bundles[2:] == (GPU_WORKER, GPU_WORKER) and layout.spare_bundle == (2, 3)
+    assert layout.worker_bundle == (0, 1)
+    assert plan_layout(2, 2, CPU, num_nodes=2, spare_workers=1).strategy == "SPREAD"
+
+
 def test_a_worker_bundle_carries_the_workers_gpus():
     layout = plan_layout(2, 2, GPU_WORKER, num_nodes=4)
     assert layout.strategy == "STRICT_SPREAD"  # 2 slots on 4 nodes: still one per node

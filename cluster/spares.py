@@ -1,0 +1,127 @@
+"""Spare workers: set up in advance, so a dead worker's rank goes on at once.
+
+    spares = Spares(job, setup)               # job: a Job whose reservation has spare bundles
+    records = spares.start()                  # blocks until the first K are warm
+    taken = spares.take(rank, spec, credentials)  # (actor, record), or None: start one cold
+
+A cold replacement imports TensorFlow, loads its data and builds its model
+before its first step: seconds. With `--spare-workers K` the job keeps K
+WorkerActors that did all of that (`WorkerActor.warm`) in bundles of their
+own. When a worker dies, the supervisor's `Job.replace_worker` takes the
+oldest spare: `WorkerActor.take_over` hands it the dead rank (its rows, its
+token, a client to where the shards are now, shared memory with the shards
+on its node) and it runs from where the supervisor says, as a cold
+replacement would. The rank keeps the spare's bundle; a new spare starts in
+the dead worker's bundle without being waited for, so the watch loop goes
+on, and is ready for the next death seconds later.
+
+A spare that died before it was needed is skipped (a cold start follows if
+none is left). Records: placement.json lists each spare (role "spare")
+once it is known to be warm: at start, and when a later spare is seen ready.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import ray
+
+from towerps.errors import ActorDied
+
+log = logging.getLogger("towerps")
+
+
+@dataclass
+class Spare:
+    actor: object  # a WorkerActor, warm or warming
+    bundle: int  # its placement bundle
+    index: int  # counts the job's spares: its record's "index"
+    warming: object  # the ObjectRef of its `warm` call (its record)
+    recorded: bool = False  # placement.json lists it
+
+
+@dataclass(frozen=True)
+class SpareSetup:
+    """What every spare is warmed with: a worker's set-up arguments."""
+
+    spec: object  # a WorkerSpec (any rank's: `take_over` brings the rank's own)
+    job: object  # the WorkerJob of a replacement (addresses updated at take-over)
+    inputs: object = None  # an input of the user's data to build with (None: built-in)
+
+
+class Spares:
+    """The job's warm spare workers; not thread-safe (the watch loop's)."""
+
+    def __init__(self, job, setup: SpareSetup):
+        self.job = job  # cluster/job.py's Job
+        self.setup = setup
+        self._pool: deque[Spare] = deque()  # oldest first
+        self._count = 0
+
+    def start(self) -> list[dict]:
+        """Warm a spare in each spare bundle; blocks until all are; returns their records."""
+        from towerps.cluster.job import get
+
+        for bundle in self.job.reservation.layout.spare_bundle:
+            self._start(bundle)
+        records = get([s.warming for s in self._pool])
+        for spare, record in zip(self._pool, records):
+            self._record(spare, record)
+        return records
+
+    def take(self, rank: int, spec, job, inputs, credentials):
+        """The oldest live spare, made worker `rank` (WorkerActor.take_over with
+        these arguments): (actor, record); None when no spare is left alive.
+
+        Blocks until that spare is warm (it may still be warming) and has
+        taken over; starts the next spare in the freed bundle without waiting."""
+        from towerps.cluster.job import get
+
+        self._note_ready()
+        while self._pool:
+            spare = self._pool.popleft()
+            try:
+                get([spare.warming])
+                record = get([spare.actor.take_over.remote(spec, job, inputs, credentials)])[0]
+            except ActorDied:
+                log.warning("spare %d died before it was needed", spare.index)
+                self._start(spare.bundle)
+                continue
+            self.job.records = [r for r in self.job.records
+                                if (r["role"], r["index"]) != ("spare", spare.index)]
+            freed = self.job.reservation.move_worker(rank, spare.bundle)
+            record["bundle"] = spare.bundle
+            record["spare"] = spare.index
+            self._start(freed)
+            log.warning("spare %d took over worker %d's rank", spare.index, rank)
+            return spare.actor, record
+        return None
+
+    def actors(self) -> list:
+        return [s.actor for s in self._pool]
+
+    def _start(self, bundle: int) -> None:
+        from towerps.cluster.actors import WorkerActor
+
+        index, self._count = self._count, self._count + 1
+        actor = WorkerActor.options(**self.job.reservation.bundle_options(bundle)).remote(
+            index, self.job.config.verbose)
+        s = self.setup
+        self._pool.append(Spare(actor, bundle, index, actor.warm.remote(s.spec, s.job, s.inputs)))
+
+    def _note_ready(self) -> None:
+        """Record the spares that became warm since (placement.json)."""
+        for spare in self._pool:
+            if spare.recorded or not ray.wait([spare.warming], timeout=0)[0]:
+                continue
+            try:
+                self._record(spare, ray.get(spare.warming))
+            except ray.exceptions.RayError:
+                pass  # dead or failed: `take` finds out and skips it
+
+    def _record(self, spare: Spare, record: dict) -> None:
+        spare.recorded = True
+        self.job.records.append(dict(record, bundle=spare.bundle))
+
