@@ -107,10 +107,12 @@ def test_same_node(tmp_path):
 
 def test_chaos(tmp_path):
     """A shard and a worker SIGKILLed in a sync run: both recovered inside the
-    job, and the final weights equal the clean run's bit for bit."""
+    job (the worker's rank by the spare), and the final weights equal the
+    clean run's bit for bit."""
     figures = run_bench("chaos", tmp_path)["figures"]
     assert [(k["role"], k["recovered"]) for k in figures["kills"]] == [
         ("ps", True), ("worker", True)]
+    assert figures["kills"][1]["spare"] is True and figures["spare_takeovers"] == 1
     assert figures["kills_survived"] == 2 and figures["weights_equal"] is True
     for kill in figures["kills"]:
         assert 0 < kill["detect_s"] < kill["kill_to_resumed_s"]
