@@ -136,12 +136,20 @@ class ShardActor:
         `rows` (after a node was lost): the ranks that make a step from now on
         and each one's rows, set first (Shard.set_workers)."""
         part = self._checkpoints.store.read_part(version, self._index)
-        if self._writer is not None:  # parts of the history given up land before the
-            self._writer.flush(timeout_s=60.0)  # driver discards them (Job.rollback_shards)
         if rows is not None:
             self._shard.set_workers(rows)
         self._shard.restore(part)
         self._clocks = list(part.clocks)
+        # Restored first, so no part of the history given up is queued after
+        # this; then every queued one lands before the driver discards them
+        # (Job.rollback_shards). At worst a part of the new history is
+        # discarded (an incomplete checkpoint), never a mixed one kept.
+        if self._writer is not None and not self._writer.flush(timeout_s=120.0):
+            from towerps.errors import CheckpointError
+
+            raise CheckpointError(f"shard {self._index} could not finish writing its "
+                                  "checkpoint parts within 120 s while going back to "
+                                  f"checkpoint {version}; is the checkpoint storage reachable?")
         return version
 
     def set_workers(self, rows: dict) -> None:

@@ -129,6 +129,8 @@ class Job:
         try:
             os.makedirs(run_dir, exist_ok=True)
             job.resume_version = resume_version
+            if resume_version is not None:
+                sweep_earlier_runs(run_dir)
             job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes())
             job._start_shards(plan.split(payload.initial), payload)
             write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
@@ -381,13 +383,14 @@ class Job:
         os.replace(path + ".part", path)
 
     def stop(self) -> None:
-        """Stop the shards (waking their waiting calls), kill every actor, free the
-        reservation. Idempotent."""
+        """Kill the workers, stop the shards (waking their waiting calls) and kill
+        them, free the reservation. Idempotent."""
+        spares = self.spares.actors() if self.spares else []
+        for actor in self.workers + spares:  # first: none makes a segment after the shards' sweep
+            ray.kill(actor)
         for actor in self.shards:
             _stop_quietly(actor)
-        spares = self.spares.actors() if self.spares else []
-        for actor in (self.workers + spares + self.shards
-                      + [self.sink] * (self.sink is not None)):
+        for actor in self.shards + [self.sink] * (self.sink is not None):
             ray.kill(actor)
         self.shards, self.workers, self.sink, self.spares = [], [], None, None
         self.reservation.release()
@@ -448,6 +451,20 @@ def _one_line(err: ray.exceptions.RayTaskError) -> str:
     cause = err.cause
     what = f"{type(cause).__name__}: {cause}" if cause is not None else text.splitlines()[0]
     return f"{call.group(1) if call else 'an actor'} raised {what}{at}"
+
+
+def sweep_earlier_runs(run_dir: str) -> list[str]:
+    """Remove the shared-memory segments, on this node, of the run directory's
+    earlier runs (placement.json names their prefixes): a driver killed with
+    SIGKILL never swept them, and each resumed run has a prefix of its own.
+    Segments on other nodes go when those nodes' /dev/shm is cleared."""
+    try:
+        with open(os.path.join(run_dir, PLACEMENT_FILE)) as f:
+            records = json.load(f)
+    except (OSError, ValueError):
+        return []
+    prefixes = {r.get("segment_prefix") for r in records if isinstance(r, dict)}
+    return [name for prefix in sorted(p for p in prefixes if p) for name in sweep(prefix)]
 
 
 def _stop_quietly(actor) -> None:

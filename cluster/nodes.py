@@ -67,9 +67,14 @@ class NodeLoss:
         version = supervisor._latest_checkpoint(f"{what} at version {seen}")
         log.warning("%s at version %d; the job goes on from checkpoint %d with workers %s",
                     what, seen, version, live)
-        shares = share_rows(job.config.batch_size, live)
-        rows = {r: s.stop - s.start for r, s in shares.items()}
         job.lost_ranks |= set(ranks)
+        # Only with a worker lost for good do the shards learn a new split: a
+        # node that held shards alone changes nobody's rows, and a split once
+        # set makes a shard refuse a push of another size (a stream's short batch).
+        rows = None
+        if job.lost_ranks:
+            shares = share_rows(job.config.batch_size, live)
+            rows = {r: s.stop - s.start for r, s in shares.items()}
         for record in job.records:  # kept in placement.json, marked: nothing replaces them
             if record["role"] == "worker" and record["index"] in ranks:
                 record["lost"] = True
@@ -78,7 +83,7 @@ class NodeLoss:
         job.rollback_shards(version, skip=tuple(shards), rows=rows)
         supervisor.generation += 1
         supervisor.last_redirect = Redirect(supervisor.generation, tuple(job.addresses), version,
-                                            ranks=tuple(live))
+                                            ranks=tuple(live) if rows else None)
         job.redirect_workers(supervisor.last_redirect)
         seconds = time.time() - noticed
         supervisor.recoveries += [

@@ -136,7 +136,9 @@ class Supervisor:
         """
         noticed = time.time()
         job = self.job
-        if rank in job.lost_ranks or self.nodes.recover(self, seen, noticed):
+        if rank not in job.lost_ranks:
+            self.nodes.recover(self, seen, noticed)  # its node may have gone with it
+        if rank in job.lost_ranks:
             return None  # lost with its node: the others took over its rows
         try:
             spare = job.replace_worker(rank)

@@ -95,6 +95,12 @@ def open_segment(name: SegmentName, writable: bool) -> tuple[int, int]:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise BadRequest(f"segment {name} is not a regular file")
+    # A hard link under another rank's name would let one worker have the
+    # shard write into (or read from) another's segment: one name, one file.
+    if info.st_nlink != 1 or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise BadRequest(f"segment {name} has {info.st_nlink} names or another owner "
+                         f"(uid {info.st_uid}); a segment is one file of the job's user")
     return fd, info.st_size
 
 

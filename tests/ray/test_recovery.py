@@ -263,6 +263,12 @@ def test_a_sigkilled_workers_shared_memory_is_removed_with_or_without_a_recovery
         killed = pid_of(run_dir, "worker", 1)
         assert any(f"-w1-s0-p{killed}-" in n for n in segments_of(run_dir))
         os.kill(killed, signal.SIGKILL)
+        if checkpoints:  # its replacement, set up and holding, has removed the dead one's
+            deadline = time.monotonic() + TIMEOUT_S
+            while pid_of(run_dir, "worker", 1) == killed:  # placement.json: written by the driver
+                assert time.monotonic() < deadline, "worker 1 was not replaced"
+                time.sleep(0.05)
+            assert not [n for n in segments_of(run_dir) if f"-w1-s0-p{killed}-" in n]
         open(release, "w").close()  # a replacement holds there too, until now
         if checkpoints:
             assert run.result().steps == 8
@@ -290,6 +296,9 @@ def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_k
     wait_for_metrics(run_dir, 4)  # its record is on disk: the resumed run keeps it
     placed = json.loads((run_dir / "placement.json").read_text())
     pids = descendants(driver.pid) | {r["pid"] for r in placed}
+    killed_prefixes = {r["segment_prefix"] for r in placed if r.get("segment_prefix")}
+    assert killed_prefixes and any(n.startswith(tuple(killed_prefixes))
+                                   for n in os.listdir(SEGMENT_DIR))
     driver.kill()
     driver.communicate(timeout=TIMEOUT_S)
     assert not (run_dir / "summary.json").exists()
@@ -300,6 +309,8 @@ def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_k
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     wait_gone(pids, 120.0)
     assert not [pid for pid in pids if running(pid)], "processes of the killed run outlived it"
+    # Nobody swept the killed run's shared memory but the resumed run's start.
+    assert not [n for n in os.listdir(SEGMENT_DIR) if n.startswith(tuple(killed_prefixes))]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["checkpoints"]["resumed_from"] == 4 and summary["recoveries"] == []
     assert {**summary["config"], "run_dir": None} == {

@@ -214,6 +214,20 @@ def test_a_fifo_under_a_segment_name_is_refused_without_hanging(target):
     assert "regular file" in refused(channel, header, shard)
 
 
+def test_a_segment_with_a_second_name_is_refused(target):
+    """A hard link under another rank's segment name would have the shard
+    read one worker's bytes as another's, or write a pull into them."""
+    shard, pair, channel = target
+    header = good_header(shard, pair)
+    alias = pair.push_name.path + "-alias"
+    os.link(pair.push_name.path, alias)
+    try:
+        assert "names" in refused(channel, header, shard)
+    finally:
+        os.unlink(alias)
+    assert shared_push(channel, header).outcome == pb.PushReply.APPLIED
+
+
 def test_chunks_and_a_segment_in_one_push_are_refused(target):
     shard, pair, channel = target
     header = good_header(shard, pair)
