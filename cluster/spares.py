@@ -15,8 +15,9 @@ replacement would. The rank keeps the spare's bundle; a new spare starts in
 the dead worker's bundle without being waited for, so the watch loop goes
 on, and is ready for the next death seconds later.
 
-A spare that died before it was needed is skipped (a cold start follows if
-none is left). Records: placement.json lists each spare (role "spare")
+A spare that died before it was needed is skipped and not started again
+(its node may be gone, and an actor asked into a bundle Ray cannot place
+waits forever); a cold start follows if none is left. Records: placement.json lists each spare (role "spare")
 once it is known to be warm: at start, and when a later spare is seen ready.
 """
 
@@ -85,9 +86,8 @@ class Spares:
             try:
                 get([spare.warming])
                 record = get([spare.actor.take_over.remote(spec, job, inputs, credentials)])[0]
-            except ActorDied:
+            except ActorDied:  # killed, or its node lost: a spare there might never start
                 log.warning("spare %d died before it was needed", spare.index)
-                self._start(spare.bundle)
                 continue
             self.job.records = [r for r in self.job.records
                                 if (r["role"], r["index"]) != ("spare", spare.index)]
