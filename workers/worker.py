@@ -243,7 +243,10 @@ class Worker:
         so the worker decides for all of them what a NaN/inf does."""
         bad = sorted(n for n, g in grads.items() if not np.isfinite(g).all())
         if not bad and math.isfinite(loss):
-            if self.spec.push_pull == "combined" and self.spec.mode.aggregates:
+            # The last push of a run that does not wait for recoveries needs
+            # no parameters back: nothing trains on the final version here.
+            wants_next = self.spec.recovery_wait_s or version + 1 < self.spec.final_version
+            if self.spec.push_pull == "combined" and self.spec.mode.aggregates and wants_next:
                 outcomes, pulled_version, params = self.client.push_pull(
                     self.spec.rank, version, grads, examples, loss, self.spec.pull_timeout_s)
                 self._pulled = (pulled_version, params)
