@@ -171,6 +171,18 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             bar.set_postfix(loss=f"{entry['loss']:.4f}", ex_per_s=f"{entry['examples_per_s']:,.0f}")
             window = _Window(record.applied_at_s)
 
+        def take(record, dropped: int) -> None:
+            """Count shard 0's update `record` (`dropped`: its pushes dropped so far)."""
+            nonlocal seen, last, total
+            seen, last = record.version, record
+            total += record.num_examples
+            result.versions.append(seen)
+            result.examples.append(total)
+            window.add(record)
+            bar.update(1)
+            if seen % per_log == 0 or seen == target:
+                log(record, dropped)
+
         last, ending = None, False
         while True:
             if pending:
@@ -183,31 +195,32 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                             and report.rank not in supervisor.job.lost_ranks]:
                     rank = done.pop(ref).rank
                     pending[supervisor.run_again(rank)] = rank
-            try:
-                replies = client.status(since_version=seen, logs_of=(0,))  # only its log is read
-            except ShardUnavailable:
-                if supervisor is None:
-                    raise
-                back = supervisor.shards_failed(seen, client)
-                if back.version is not None:
+            # Shards brought back by a worker's death, or a failed status call.
+            back = supervisor.take_moved() if supervisor is not None else None
+            if back is None:
+                try:
+                    replies = client.status(since_version=seen, logs_of=(0,))  # only its log
+                except ShardUnavailable:
+                    if supervisor is None:
+                        raise
+                    back = supervisor.shards_failed(seen, client)
+            if back is not None:
+                if back.client is not client:  # to where the shards are now
                     client = back.client
                     opened.append(client)
                 if 0 in back.replaced and back.version > seen:
                     # A new shard 0 starts its update log after the checkpoint:
-                    # the updates up to it count without their records.
+                    # a shard rolled back to it still has the records up to it
+                    # (every shard logs every update); the updates no live
+                    # shard has a record of count without one.
+                    for record, dropped in _records_until(back, seen):
+                        take(record, dropped)
                     total += (back.version - seen) * config.batch_size // mode.updates_per_step(
                         config.num_workers)
                     seen = back.version
                 continue
             for record in replies[0].steps:
-                seen, last = record.version, record
-                total += record.num_examples
-                result.versions.append(seen)
-                result.examples.append(total)
-                window.add(record)
-                bar.update(1)
-                if seen % per_log == 0 or seen == target:
-                    log(record, replies[0].pushes_dropped)
+                take(record, replies[0].pushes_dropped)
             if not pending:
                 break
             polls.poll(seen, replies, observer)
@@ -271,6 +284,20 @@ def _wait_runs(pending: dict, done: dict, get, seen: int, observer, supervisor,
         ref = supervisor.worker_lost(rank, seen)
         if ref is not None:  # None: lost with its node, not replaced
             pending[ref] = rank
+
+
+def _records_until(back, seen: int) -> list[tuple]:
+    """The update records of versions (seen, back.version] from a shard that
+    was rolled back rather than replaced, each with that shard's dropped
+    pushes; [] if every shard was replaced or the one asked fails."""
+    kept = [k for k in range(len(back.client.addresses)) if k not in back.replaced]
+    if not kept:
+        return []
+    try:
+        reply = back.client.status(since_version=seen, logs_of=kept[:1])[kept[0]]
+    except ShardUnavailable:
+        return []
+    return [(r, reply.pushes_dropped) for r in reply.steps if r.version <= back.version]
 
 
 def _records_up_to(path: str, version: int) -> list[dict]:

@@ -2,7 +2,7 @@
 
     loss = NodeLoss(job)
     if loss.recover(supervisor, seen, noticed):   # a node of the job is dead in Ray's eyes
-        version, replaced = loss.take_moved()     # for the watch loop's client
+        ...                                       # supervisor.take_moved() tells the watch loop
 
 Ray declares a node dead once its health checks fail (tens of seconds by
 default); every actor on it is dead from then on. The supervisor asks here
@@ -45,7 +45,6 @@ class NodeLoss:
     def __init__(self, job):
         self.job = job
         self.handled: set[str] = set()  # node ids recovered from
-        self._moved: tuple[int, tuple[int, ...]] | None = None  # not yet taken
 
     def recover(self, supervisor, seen: int, noticed: float) -> bool:
         """If Ray reports a node of the job dead that was not recovered from yet:
@@ -90,13 +89,8 @@ class NodeLoss:
             Recovery(role, index, seen, version, max(seen - version, 0), noticed, seconds,
                      node_lost=where[role, index], ranks=live)
             for role, index in [("ps", k) for k in shards] + [("worker", r) for r in ranks]]
-        self._moved = (version, tuple(shards))
+        supervisor.shards_moved(version, shards)
         return True
-
-    def take_moved(self) -> tuple[int, tuple[int, ...]] | None:
-        """(checkpoint version, shards replaced) of the last recovery not taken yet."""
-        moved, self._moved = self._moved, None
-        return moved
 
     def _check_can_go_on(self, what: str, live: list[int], workers_lost: bool) -> None:
         config = self.job.config

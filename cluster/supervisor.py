@@ -2,7 +2,8 @@
 
     supervisor = Supervisor(job)                  # a job that takes checkpoints
     back = supervisor.shards_failed(seen, client)  # the status call failed: ShardsBack
-    run_ref = supervisor.worker_lost(rank, seen)      # a worker's `run` call: actor died
+    back = supervisor.take_moved()                 # shards a worker's death brought back
+    run_ref = supervisor.worker_lost(rank, seen)   # a worker's `run` call: actor died
     run_ref = supervisor.run_again(rank)           # its run had ended before a rollback
 
 A shard's process that dies takes its actor with it: a call to the actor
@@ -82,6 +83,7 @@ class Supervisor:
         self.last_redirect: Redirect | None = None  # the latest rollback's
         self.recoveries: list[Recovery] = []
         self.nodes = NodeLoss(job)  # recovers from a node lost for good
+        self._moved: tuple[int, tuple[int, ...]] | None = None  # for take_moved
 
     def ping_shards(self) -> tuple[list[int], int]:
         """(indices of the shards whose actor is dead, the highest version a live one holds)."""
@@ -106,24 +108,37 @@ class Supervisor:
         """
         noticed = time.time()
         self.nodes.recover(self, seen, noticed)
-        moved = self.nodes.take_moved()  # by this call or a worker's death before it
+        moved = self.take_moved()  # by this call or a worker's death before it
         if moved is not None:
-            return ShardsBack(self.job.client(), *moved)
+            return moved
         dead, newest = self.ping_shards()
         if not dead:
             return ShardsBack(client)  # the failure passed (a slow answer): ask again
-        if self.nodes.recover(self, max(seen, newest), noticed):
-            # The ping waited until Ray declared the shard's node dead.
-            return ShardsBack(self.job.client(), *self.nodes.take_moved())
-        try:
-            version = self._recover_shards(dead, max(seen, newest), noticed)
-        except ActorDied:
-            # Ray reported the actor's death before its node's: the replacement,
-            # asked into the lost node's bundle, was cancelled. Recover the node.
-            if not self.nodes.recover(self, max(seen, newest), noticed):
-                raise
-            return ShardsBack(self.job.client(), *self.nodes.take_moved())
-        return ShardsBack(self.job.client(), version, tuple(dead))
+        # The ping may have waited until Ray declared the shard's node dead.
+        if not self.nodes.recover(self, max(seen, newest), noticed):
+            try:
+                self._recover_shards(dead, max(seen, newest), noticed)
+            except ActorDied:
+                # Ray reported the actor's death before its node's: the replacement,
+                # asked into the lost node's bundle, was cancelled. Recover the node.
+                if not self.nodes.recover(self, max(seen, newest), noticed):
+                    raise
+        return self.take_moved()
+
+    def shards_moved(self, version: int, replaced) -> None:
+        """Note for the watch loop that every shard went back to checkpoint
+        `version` and the shards `replaced` serve at new addresses."""
+        earlier = self._moved[1] if self._moved else ()
+        self._moved = (version, tuple(sorted({*earlier, *replaced})))
+
+    def take_moved(self) -> ShardsBack | None:
+        """The shards' recoveries since the last call (by a dead shard, a dead
+        worker's or a lost node's): the checkpoint gone back to last, every
+        shard replaced and a client to where they are now; None if none."""
+        if self._moved is None:
+            return None
+        (version, replaced), self._moved = self._moved, None
+        return ShardsBack(self.job.client(), version, replaced)
 
     def worker_lost(self, rank: int, seen: int):
         """Worker `rank`'s actor died: set a replacement up in its place, start
@@ -203,6 +218,7 @@ class Supervisor:
         seconds = time.time() - noticed
         self.recoveries += [Recovery("ps", k, seen, version, max(seen - version, 0), noticed,
                                      seconds) for k in dead]
+        self.shards_moved(version, dead)
         return version
 
     def _latest_checkpoint(self, what: str) -> int:
