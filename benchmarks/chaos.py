@@ -24,9 +24,12 @@ with `--spare-workers 0` for cold ones.
 
 Per kill: the seconds from the kill to the driver noticing, to training
 going on (`kill_to_resumed_s`: a new actor serving, every worker
-redirected), and to the next step applied after that (`kill_to_next_step_s`,
-from metrics.jsonl, logged every step: in sync the step needs the rank's
-push), whether a spare took the rank, whether training was still going
+redirected), to the next step applied after that (`kill_to_next_step_s`,
+from the recovery's `first_update_s` in summary.json: in sync the step
+needs the rank's push; after a rollback it is the first step made again),
+and to the first step beyond the newest one before the kill
+(`kill_to_new_step_s`, from metrics.jsonl, logged every step: a rollback's
+replayed steps come first), whether a spare took the rank, whether training was still going
 (`during_training`: the workers did not yet hold at the end), and the steps
 replayed after a rollback. Worker takeovers are reported apart: spare and
 cold. Then the wall time against the clean run, the final test accuracy
@@ -161,7 +164,9 @@ def per_kill(kills: list, recoveries: list, metrics: list[dict], t_train: float)
                 detect_s=match.noticed_at_s - kill["at_s"],
                 recover_s=match.seconds,
                 kill_to_resumed_s=resumed_at - kill["at_s"],
-                kill_to_next_step_s=(min(later) - kill["at_s"]) if later else None,
+                kill_to_next_step_s=(match.noticed_at_s + match.first_update_s - kill["at_s"]
+                                     if match.first_update_s is not None else None),
+                kill_to_new_step_s=(min(later) - kill["at_s"]) if later else None,
                 rolled_back=match.steps_replayed > 0 or match.role == "ps",
                 resumed_from=match.resumed_from,
                 steps_replayed=match.steps_replayed,
@@ -228,6 +233,8 @@ def main(argv=None) -> dict:
         "worker_kill_to_next_step_s_p95": p95(workers),
         "spare_kill_to_next_step_s_p95": p95(spare),
         "cold_kill_to_next_step_s_p95": p95(cold),
+        "worker_kill_to_new_step_s_p95": p95(r["kill_to_new_step_s"] for r in rows
+                                             if r["role"] == "worker" and r["recovered"]),
         "spare_takeovers": len(spare),
         "cold_takeovers": len(cold),
         "kills_during_training": sum(r["during_training"] for r in rows),

@@ -199,7 +199,8 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
             back = supervisor.take_moved() if supervisor is not None else None
             if back is None:
                 try:
-                    replies = client.status(since_version=seen, logs_of=(0,))  # only its log
+                    since = seen if supervisor is None else supervisor.log_since(seen)
+                    replies = client.status(since_version=since, logs_of=(0,))  # only its log
                 except ShardUnavailable:
                     if supervisor is None:
                         raise
@@ -219,8 +220,11 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                         config.num_workers)
                     seen = back.version
                 continue
+            if supervisor is not None:
+                supervisor.updates_seen(replies[0].steps)
             for record in replies[0].steps:
-                take(record, replies[0].pushes_dropped)
+                if record.version > seen:  # older ones: a recovery's first update, read again
+                    take(record, replies[0].pushes_dropped)
             if not pending:
                 break
             polls.poll(seen, replies, observer)

@@ -124,6 +124,10 @@ class Recovery:
     # (a lost worker's rows are theirs; it is not replaced). None: all of them.
     ranks: list[int] | None = None
     spare: bool = False  # a worker's rank went to a spare set up in advance (--spare-workers)
+    # From noticing to the first update the shards applied after it (sync:
+    # one that took every rank's push, the replacement's too; after a
+    # rollback, the first step made again). None: the run ended first.
+    first_update_s: float | None = None
 
 
 @dataclass(frozen=True)

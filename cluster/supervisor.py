@@ -5,6 +5,8 @@
     back = supervisor.take_moved()                 # shards a worker's death brought back
     run_ref = supervisor.worker_lost(rank, seen)   # a worker's `run` call: actor died
     run_ref = supervisor.run_again(rank)           # its run had ended before a rollback
+    since = supervisor.log_since(seen)             # shard 0's update log from there
+    supervisor.updates_seen(records)               # each recovery's first update after it
 
 A shard's process that dies takes its actor with it: a call to the actor
 fails at once, and every gRPC call to its address fails. When the driver's
@@ -49,6 +51,7 @@ a shard's state lives in its checkpoint parts, not in its arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -139,6 +142,24 @@ class Supervisor:
             return None
         (version, replaced), self._moved = self._moved, None
         return ShardsBack(self.job.client(), version, replaced)
+
+    def log_since(self, seen: int) -> int:
+        """Where the watch loop reads shard 0's update log from: after `seen`,
+        or earlier while a recovery waits for its first update (the steps a
+        rollback makes again are not new to the log, but come first after it)."""
+        return min([seen, *(r.resumed_from for r in self.recoveries
+                            if r.first_update_s is None)])
+
+    def updates_seen(self, records) -> None:
+        """Note each recovery's first update (`records`: shard 0's update
+        records in version order, each with version and applied_at_s)."""
+        for i, recovery in enumerate(self.recoveries):
+            if recovery.first_update_s is None:
+                first = next((r for r in records if r.version > recovery.resumed_from
+                              and r.applied_at_s >= recovery.noticed_at_s), None)
+                if first is not None:
+                    self.recoveries[i] = dataclasses.replace(
+                        recovery, first_update_s=first.applied_at_s - recovery.noticed_at_s)
 
     def worker_lost(self, rank: int, seen: int):
         """Worker `rank`'s actor died: set a replacement up in its place, start
