@@ -23,7 +23,7 @@ from __future__ import annotations
 import ray
 from ray.util.metrics import Gauge
 
-from towerps.cluster.observe import Observer, ShardFigures
+from towerps.cluster.observe import Observer, ShardFigures, start_of
 
 
 _SHARD_FIGURES = {  # ShardFigures' names
@@ -71,10 +71,10 @@ class RayMetrics(Observer):
 
     def workers(self, version: int, figures: list) -> None:
         for now in figures:
-            before, self._last[now.rank] = self._last.get(now.rank), now
+            before, self._last[now.rank] = self._last.get(now.rank) or start_of(now), now
             tags = {**self._tags, "worker": str(now.rank)}
             self.worker_bytes.set(now.bytes_sent + now.bytes_received, tags)
-            if before is None or now.steps <= before.steps:
+            if now.steps <= before.steps:
                 continue
             steps = now.steps - before.steps
             for part in ("pull", "compute", "push"):

@@ -17,6 +17,7 @@ the driver rewrites atomically with each report; the shards it asks itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -46,6 +47,13 @@ class Observer:
 
     def close(self) -> None:
         pass
+
+
+def start_of(report):
+    """A worker's figures at its start: what its first report is measured from,
+    so a run too short for a second report still plots one point per worker."""
+    return dataclasses.replace(report, steps=0, examples=0, pull_s=0.0, compute_s=0.0,
+                               push_s=0.0)
 
 
 class Observers(Observer):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from towerps.cluster.observe import Observer, ShardFigures
+from towerps.cluster.observe import Observer, ShardFigures, start_of
 
 
 class TensorBoard(Observer):
@@ -57,9 +57,9 @@ class TensorBoard(Observer):
     def workers(self, version: int, figures: list) -> None:
         with self._writer.as_default(step=version):
             for now in figures:
-                before = self._last.get(now.rank)
+                before = self._last.get(now.rank) or start_of(now)
                 self._last[now.rank] = now
-                if before is None or now.steps <= before.steps:
+                if now.steps <= before.steps:
                     continue
                 steps, tag = now.steps - before.steps, f"workers/{now.rank}"
                 for part in ("pull", "compute", "push"):

@@ -10,6 +10,7 @@ from tensorboard.util import tensor_util
 from towerps.cluster.observe import ShardFigures
 from towerps.cluster.tensorboard import TensorBoard
 from towerps.proto import towerps_pb2 as pb
+from towerps.workers import WorkerReport
 
 pytestmark = pytest.mark.unit
 
@@ -30,6 +31,21 @@ def test_an_evaluation_without_accuracy_writes_its_loss_only(tmp_path):
     series = _scalars(tmp_path)
     assert series["test/loss"] == [(7, 0.25), (9, 0.125)]
     assert series["test/accuracy"] == [(9, 0.5)]
+
+
+def test_a_run_too_short_for_a_second_report_still_plots_each_worker(tmp_path):
+    """Only the final reports came in: each is measured from the worker's start."""
+    board = TensorBoard(str(tmp_path))
+    board.workers(30, [WorkerReport(rank, steps=30, pull_s=0.3, compute_s=0.6, push_s=0.9,
+                                    bytes_sent=2_000_000, bytes_received=1_000_000,
+                                    examples=480, at_s=100.0) for rank in (0, 1)])
+    board.close()
+    series = _scalars(tmp_path)
+    for rank in (0, 1):
+        for part, ms in (("pull", 10.0), ("compute", 20.0), ("push", 30.0)):
+            assert series[f"workers/{rank}/{part}_ms"] == [(30, pytest.approx(ms))]
+        assert series[f"workers/{rank}/wire_mb"] == [(30, 3.0)]
+        assert f"workers/{rank}/examples_per_s" not in series  # no time span to divide by
 
 
 def test_each_shards_figures_are_plotted_from_its_status_replies(tmp_path):
