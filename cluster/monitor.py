@@ -15,15 +15,18 @@ A metrics record covers the updates since the previous one: one every
 log_every * num_workers pushes in async/ssp), and one at the end.
 
 With a supervisor (cluster/supervisor.py; a job that takes checkpoints), a
-failed status call asks it to bring dead shards back, and watching goes on
-with a client to where the shards are now; a worker whose process died is
-replaced, and watching goes on with the replacement's `run` call; a worker
-whose run had ended before a rollback runs again from its version. A
-worker's death is known from its `run` call failing, or, if Ray is late to
-report it, from cluster/liveness.py. After a rollback the shards make
-the rolled-back versions again; the log goes on after the newest version
-already seen, so no step is counted twice (and a replaced shard 0, whose
-log starts at the checkpoint, leaves none uncounted).
+failed status call asks it to bring dead shards back; a worker whose
+process died is replaced, and watching goes on with the replacement's `run`
+call; a worker whose run had ended before a rollback runs again from its
+version. Whichever death brought shards back (a shard's, a worker's found
+with a dead shard, a node's), watching goes on with a client to where the
+shards are now. A worker's death is known from its `run` call failing, or,
+if Ray is late to report it, from cluster/liveness.py. After a rollback the
+shards make the rolled-back versions again; the log is counted after the
+newest version already seen, so no step is counted twice (a replaced shard
+0, whose log starts at the checkpoint, has its missing records read from a
+shard rolled back to it). While a recovery waits for its first update the
+log is read from the recovery's version, to time it (Recovery.first_update_s).
 """
 
 from __future__ import annotations
@@ -214,10 +217,11 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                     # a shard rolled back to it still has the records up to it
                     # (every shard logs every update); the updates no live
                     # shard has a record of count without one.
+                    per_update = config.batch_size // mode.updates_per_step(config.num_workers)
                     for record, dropped in _records_until(back, seen):
+                        total += (record.version - seen - 1) * per_update  # a gap: no records
                         take(record, dropped)
-                    total += (back.version - seen) * config.batch_size // mode.updates_per_step(
-                        config.num_workers)
+                    total += (back.version - seen) * per_update
                     seen = back.version
                 continue
             if supervisor is not None:

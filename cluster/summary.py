@@ -124,9 +124,11 @@ class Recovery:
     # (a lost worker's rows are theirs; it is not replaced). None: all of them.
     ranks: list[int] | None = None
     spare: bool = False  # a worker's rank went to a spare set up in advance (--spare-workers)
-    # From noticing to the first update the shards applied after it (sync:
-    # one that took every rank's push, the replacement's too; after a
-    # rollback, the first step made again). None: the run ended first.
+    # From noticing the death to the first update shard 0 applied after that
+    # moment, past `resumed_from` (plain sync: a step that took every rank's
+    # push, the replacement's too; after a rollback, the first step made
+    # again; with backup workers, async or ssp, any worker's). By the driver's
+    # and shard 0's clocks. None: the run ended first.
     first_update_s: float | None = None
 
 

@@ -126,7 +126,7 @@ class Supervisor:
                 # asked into the lost node's bundle, was cancelled. Recover the node.
                 if not self.nodes.recover(self, max(seen, newest), noticed):
                     raise
-        return self.take_moved()
+        return self.take_moved() or ShardsBack(client)
 
     def shards_moved(self, version: int, replaced) -> None:
         """Note for the watch loop that every shard went back to checkpoint
