@@ -238,8 +238,14 @@ def test_ssp_and_async_recover_a_worker_dying_in_a_push_and_a_killed_shard_witho
     # In either order: without a gate, worker 2 may reach its push after the kill.
     half_push, shard = sorted(summary.recoveries, key=lambda r: r.role != "worker")
     assert (half_push.role, half_push.index) == ("worker", 2)
-    # Back to a checkpoint (one every 6 versions) before the death: a rollback.
-    assert half_push.resumed_from % 6 == 0 and half_push.steps_replayed >= 1
+    # Its half push is taken back by a rollback to a checkpoint (one every 6
+    # versions): its own, since the shards disagree on its clock; or, in
+    # async, where shard 0's death may be noticed first, the shard's, after
+    # which the shards agree and the rank starts where they went back to.
+    own_rollback = half_push.resumed_from % 6 == 0 and half_push.steps_replayed >= 1
+    after_the_shards = (half_push.noticed_at_s > shard.noticed_at_s
+                        and half_push.resumed_from == shard.resumed_from)
+    assert own_rollback or (mode.name == "async" and after_the_shards)
     assert (shard.role, shard.index) == ("ps", 0) and shard.resumed_from >= 12
     # Over the final history every worker pushed each of its global batches once.
     assert summary.examples == steps * 96
