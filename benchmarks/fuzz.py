@@ -215,15 +215,17 @@ def strategies(segments=None, shared=()):
         st.binary(max_size=32))
     status = st.one_of(st.builds(pb.StatusRequest, since_version=int_of(64))
                        .map(lambda r: r.SerializeToString()), st.binary(max_size=32))
+    cases = [st.tuples(st.just("push"), push), st.tuples(st.just("pull"), pull),
+             st.tuples(st.just("status"), status)]
     if segments is not None:
-        push, pull = _same_node_cases(st, int_of, header, segments, shared, push, pull)
-    return st.one_of(st.tuples(st.just("push"), push), st.tuples(st.just("pull"), pull),
-                     st.tuples(st.just("status"), status))
+        cases = _same_node_cases(st, int_of, header, segments, shared, push, pull, status)
+    return st.one_of(*cases)
 
 
-def _same_node_cases(st, int_of, header, segments, shared, push, pull):
-    """`push` and `pull` with same-node calls added: segment names of this
-    run and others, paths and junk; descriptions valid or with hostile fields."""
+def _same_node_cases(st, int_of, header, segments, shared, push, pull, status):
+    """The cases with same-node calls added: segment names of this run and
+    others, paths and junk; descriptions valid or with hostile fields; by
+    Push and Pull, and by the unary SharedPush, SharedPull and SharedPushPull."""
     from towerps.proto import towerps_pb2 as pb
 
     names = st.one_of(
@@ -262,7 +264,20 @@ def _same_node_cases(st, int_of, header, segments, shared, push, pull):
         pb.PullRequest, min_version=st.one_of(st.just(0), int_of(64)),
         timeout_s=st.sampled_from([0.0, 1.0]), wire_dtype=st.integers(0, 4),
         segment=names).map(lambda r: r.SerializeToString())
-    return st.one_of(push, shared_pushes), st.one_of(pull, shared_pulls)
+
+    def with_pull(args):
+        head, name, entries, pull_name, timeout_s = args
+        head.pull.segment, head.pull.timeout_s = pull_name, timeout_s
+        return shared_push((head, name, entries, []))[0]
+
+    shared_push_pulls = st.tuples(st.one_of(good_head, header), names, described, names,
+                                  st.sampled_from([0.0, 1.0])).map(with_pull)
+    return [st.tuples(st.just("push"), st.one_of(push, shared_pushes)),
+            st.tuples(st.just("pull"), st.one_of(pull, shared_pulls)),
+            st.tuples(st.just("status"), status),
+            st.tuples(st.just("shared_push"), shared_pushes.map(lambda messages: messages[0])),
+            st.tuples(st.just("shared_pull"), shared_pulls),
+            st.tuples(st.just("shared_push_pull"), shared_push_pulls)]
 
 
 def _mangle(args):
@@ -292,9 +307,15 @@ def run_case(shard: ShardProcess, case) -> str:
         elif kind == "pull":
             list(shard.channel.unary_stream(service + "Pull")(
                 payload, timeout=PULL_DEADLINE_S, metadata=shard.worker))
-        else:
+        elif kind == "status":
             shard.channel.unary_unary(service + "Status")(
                 payload, timeout=CALL_DEADLINE_S, metadata=shard.worker)
+        else:  # shared_push, shared_pull, shared_push_pull: one message each way
+            method = "".join(word.capitalize() for word in kind.split("_"))
+            waits = kind != "shared_push"
+            shard.channel.unary_unary(service + method)(
+                payload, timeout=PULL_DEADLINE_S if waits else CALL_DEADLINE_S,
+                metadata=shard.worker)
     except grpc.RpcError as err:
         return err.code().name
     return "OK"
@@ -303,7 +324,8 @@ def run_case(shard: ShardProcess, case) -> str:
 def check_case(shard: ShardProcess, case, code: str, checksum: str) -> None:
     """The invariants after one case; AssertionError naming the case otherwise."""
     assert code in EXPECTED_CODES, f"{case[0]} answered {code}: {str(case)[:300]}"
-    assert code != "DEADLINE_EXCEEDED" or case[0] == "pull", f"a {case[0]} hung: {str(case)[:300]}"
+    assert code != "DEADLINE_EXCEEDED" or case[0] in ("pull", "shared_pull", "shared_push_pull"), \
+        f"a {case[0]} hung: {str(case)[:300]}"
     assert shard.process.poll() is None, f"the shard died on {str(case)[:300]}"
     assert shard.checksum() == checksum, f"the parameters changed on {str(case)[:300]}"
 

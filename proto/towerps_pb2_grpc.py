@@ -49,6 +49,21 @@ class ParameterServerStub:
                 request_serializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
                 response_deserializer=towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
                 _registered_method=True)
+        self.SharedPush = channel.unary_unary(
+                '/towerps.v1.ParameterServer/SharedPush',
+                request_serializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
+                response_deserializer=towerps_dot_proto_dot_towerps__pb2.PushReply.FromString,
+                _registered_method=True)
+        self.SharedPull = channel.unary_unary(
+                '/towerps.v1.ParameterServer/SharedPull',
+                request_serializer=towerps_dot_proto_dot_towerps__pb2.PullRequest.SerializeToString,
+                response_deserializer=towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
+                _registered_method=True)
+        self.SharedPushPull = channel.unary_unary(
+                '/towerps.v1.ParameterServer/SharedPushPull',
+                request_serializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
+                response_deserializer=towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/towerps.v1.ParameterServer/Status',
                 request_serializer=towerps_dot_proto_dot_towerps__pb2.StatusRequest.SerializeToString,
@@ -83,6 +98,30 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SharedPush(self, request, context):
+        """The same three for a worker on the shard's node whose tensors are in
+        segments (PushHeader.segment, PullRequest.segment; the pull of a
+        SharedPushPull in its header's `pull.segment`): nothing but the header
+        travels, so each is one message each way, and a unary call costs a
+        fraction of a stream's CPU. A request without a segment is
+        INVALID_ARGUMENT; everything else is as in Push, Pull and PushPull.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SharedPull(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SharedPushPull(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Counters and the step log, for the driver, `towerps status` and tests.
         """
@@ -105,6 +144,21 @@ def add_ParameterServerServicer_to_server(servicer, server):
             ),
             'PushPull': grpc.stream_stream_rpc_method_handler(
                     servicer.PushPull,
+                    request_deserializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.FromString,
+                    response_serializer=towerps_dot_proto_dot_towerps__pb2.PullReply.SerializeToString,
+            ),
+            'SharedPush': grpc.unary_unary_rpc_method_handler(
+                    servicer.SharedPush,
+                    request_deserializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.FromString,
+                    response_serializer=towerps_dot_proto_dot_towerps__pb2.PushReply.SerializeToString,
+            ),
+            'SharedPull': grpc.unary_unary_rpc_method_handler(
+                    servicer.SharedPull,
+                    request_deserializer=towerps_dot_proto_dot_towerps__pb2.PullRequest.FromString,
+                    response_serializer=towerps_dot_proto_dot_towerps__pb2.PullReply.SerializeToString,
+            ),
+            'SharedPushPull': grpc.unary_unary_rpc_method_handler(
+                    servicer.SharedPushPull,
                     request_deserializer=towerps_dot_proto_dot_towerps__pb2.PushRequest.FromString,
                     response_serializer=towerps_dot_proto_dot_towerps__pb2.PullReply.SerializeToString,
             ),
@@ -193,6 +247,87 @@ class ParameterServer:
             request_iterator,
             target,
             '/towerps.v1.ParameterServer/PushPull',
+            towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
+            towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SharedPush(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/towerps.v1.ParameterServer/SharedPush',
+            towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
+            towerps_dot_proto_dot_towerps__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SharedPull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/towerps.v1.ParameterServer/SharedPull',
+            towerps_dot_proto_dot_towerps__pb2.PullRequest.SerializeToString,
+            towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SharedPushPull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/towerps.v1.ParameterServer/SharedPushPull',
             towerps_dot_proto_dot_towerps__pb2.PushRequest.SerializeToString,
             towerps_dot_proto_dot_towerps__pb2.PullReply.FromString,
             options,

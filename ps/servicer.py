@@ -30,6 +30,9 @@ the shard's own arrays and checks the copy exactly as it checks chunks,
 before the shard sees them. A PullRequest may name the caller's pull
 segment: the version is written there and the one reply message describes
 it. Credentials, exactly-once and the status codes are the call's as ever.
+With nothing but a header to carry, the client makes those calls unary
+(SharedPush, SharedPull, SharedPushPull: the same messages, one each way),
+which spares gRPC Python a stream's threads and hand-offs.
 
 PushPull (sync's one round trip per step) is Push followed, in the same
 call, by Pull of version step + 1 as the header's `pull` asks for it: the
@@ -118,16 +121,45 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         reply = pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
         yield from self._answer_pull(context, ended, header.pull, header.step + 1, reply)
 
-    def _take_push(self, request_iterator, context, ended, then_pull=False):
+    def SharedPush(self, request, context):
+        """Push, its tensors in the worker's segment: one message each way."""
+        ended = self._call_ended(context)
+        _, result = self._take_push([request], context, ended, shared=True)
+        return pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
+
+    def SharedPushPull(self, request, context):
+        """PushPull, both ways through the worker's segments: the one reply
+        message is the header that describes the pulled tensors."""
+        ended = self._call_ended(context)
+        header, result = self._take_push([request], context, ended, then_pull=True, shared=True)
+        reply = pb.PushReply(outcome=_OUTCOMES[result.outcome], version=result.version)
+        return next(self._answer_pull(context, ended, header.pull, header.step + 1, reply))
+
+    def SharedPull(self, request, context):
+        """Pull into the caller's segment: the one reply message describes it."""
+        ended = self._call_ended(context)
+        if not request.segment:
+            _abort(context, BadRequest("SharedPull writes into a segment: name one in "
+                                       "PullRequest.segment, or call Pull"))
+        return next(self._answer_pull(context, ended, request, request.min_version))
+
+    def _take_push(self, request_iterator, context, ended, then_pull=False, shared=False):
         """Read a Push stream and hand it to the shard: (header, PushResult).
         Aborts the call with the error's status code on bad input, checked
-        before the shard sees the push: `then_pull`, header.pull's too."""
+        before the shard sees the push: `then_pull`, header.pull's too.
+        `shared` (the unary same-node calls): its tensors, and its pull's,
+        must be in segments."""
+        def check_header(header):
+            self._check_rank(context, header.worker_rank)
+            if shared and not (header.segment and (header.pull.segment or not then_pull)):
+                raise BadRequest("a Shared* call carries its tensors in segments: name the "
+                                 "push's (PushHeader.segment) and, for SharedPushPull, the "
+                                 "pull's (PushHeader.pull.segment); or call Push or PushPull")
+
         stream = self.idle.track(context.cancel)
         try:
-            header, grads = read_push(
-                _reading(stream, request_iterator), self._shard.specs,
-                check_header=lambda h: self._check_rank(context, h.worker_rank),
-            )
+            header, grads = read_push(_reading(stream, request_iterator), self._shard.specs,
+                                      check_header=check_header)
             stream.our_turn()
             if header.segment and not header.skip_step:
                 grads = self._shared_push(header)
@@ -396,6 +428,13 @@ def _handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
             servicer.Pull, request_deserializer=pb.PullRequest.FromString),
         "PushPull": grpc.stream_stream_rpc_method_handler(
             servicer.PushPull, request_deserializer=servicer.parse_push_part),
+        "SharedPush": grpc.unary_unary_rpc_method_handler(
+            servicer.SharedPush, request_deserializer=servicer.parse_push_part,
+            response_serializer=pb.PushReply.SerializeToString),
+        "SharedPull": grpc.unary_unary_rpc_method_handler(
+            servicer.SharedPull, request_deserializer=pb.PullRequest.FromString),
+        "SharedPushPull": grpc.unary_unary_rpc_method_handler(
+            servicer.SharedPushPull, request_deserializer=servicer.parse_push_part),
         "Status": grpc.unary_unary_rpc_method_handler(
             servicer.Status, request_deserializer=pb.StatusRequest.FromString,
             response_serializer=pb.StatusReply.SerializeToString),

@@ -25,7 +25,9 @@ A shard that refuses them surfaces as AccessDenied.
 
 With `same_node` (workers/same_node.py), the tensors of the shards on the
 worker's node go through shared-memory segments the client creates and
-removes on `close`; the call, its checks and its answer are unchanged.
+removes on `close`; the call, its checks and its answer are unchanged,
+but with only a header to carry each way it is unary (SharedPush,
+SharedPull, SharedPushPull), which costs gRPC Python a fraction of a stream.
 Pushes as another rank than `same_node.rank` (tests) use chunks.
 
 Sync mode's one round trip per step: `push_pull` pushes and gets the next
@@ -127,6 +129,21 @@ class PSClient:
             c.stream_stream(_SERVICE + "PushPull", response_deserializer=parse_part)
             for c in self._channels
         ]
+        # Same node, only a header each way: unary calls, a fraction of a stream's CPU.
+        self._shared_push_calls = [
+            c.unary_unary(_SERVICE + "SharedPush", response_deserializer=pb.PushReply.FromString)
+            for c in self._channels
+        ]
+        self._shared_pull_calls = [
+            c.unary_unary(_SERVICE + "SharedPull",
+                          request_serializer=pb.PullRequest.SerializeToString,
+                          response_deserializer=parse_part)
+            for c in self._channels
+        ]
+        self._shared_push_pull_calls = [
+            c.unary_unary(_SERVICE + "SharedPushPull", response_deserializer=parse_part)
+            for c in self._channels
+        ]
         self._pool = futures.ThreadPoolExecutor(
             max_workers=len(addresses), thread_name_prefix="ps-client"
         )
@@ -186,8 +203,8 @@ class PSClient:
                     shared_request = pb.PullRequest()
                     shared_request.CopyFrom(request)
                     shared_request.segment = str(pair.pull_name)
-                    header, _ = read_pull_header(self._pull_calls[k](
-                        shared_request, timeout=timeout_s + 10.0, metadata=self._metadata))
+                    header, _ = read_pull_header([self._shared_pull_calls[k](
+                        shared_request, timeout=timeout_s + 10.0, metadata=self._metadata)])
                     return header.version, pair.read_pull(header.shared)
 
             return self._call(k, call, _RETRY_ALWAYS)
@@ -283,10 +300,12 @@ class PSClient:
                     header.num_tensors = 0
                     header.segment = str(pair.push_name)
                     header.shared.extend(pair.write_push(per_shard[k], self.wire_dtype))
+                    if pull is not None:
+                        header.pull.segment = str(pair.pull_name)
+                    request = pb.PushRequest(header=header).SerializeToString()
                     if pull is None:
-                        return self._push_call(k, push_stream(header, {}))
-                    header.pull.segment = str(pair.pull_name)
-                    outcome, reply, _ = self._push_call(k, push_stream(header, {}), header.pull)
+                        return self._push_call(k, request, shared=True)
+                    outcome, reply, _ = self._push_call(k, request, header.pull, shared=True)
                     return outcome, reply.version, pair.read_pull(reply.shared)
 
             # A PushPull past its deadline waited for the step, as a pull does: not retried.
@@ -300,18 +319,24 @@ class PSClient:
     def _same_node_rank(self) -> int | None:
         return self._same_node.rank if self._same_node else None
 
-    def _push_call(self, k: int, messages, pull: pb.PullRequest | None = None):
+    def _push_call(self, k: int, messages, pull: pb.PullRequest | None = None,
+                   shared: bool = False):
         """Push: the outcome. PushPull (`pull` set): (outcome, PullHeader,
         tensors that came in chunks); the call may wait `pull.timeout_s` for
         the step, and its deadline leaves the shard time to answer
-        DEADLINE_EXCEEDED itself."""
+        DEADLINE_EXCEEDED itself. `shared`: `messages` is the one PushRequest
+        of a push whose tensors are in segments, sent as SharedPush(Pull)."""
         if pull is None:
-            reply = self._push_calls[k](
-                messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
+            calls = self._shared_push_calls if shared else self._push_calls
+            reply = calls[k](messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
             return _OUTCOMES[reply.outcome]
         timeout_s = max(self.rpc_timeout_s, pull.timeout_s + 10.0)
-        header, tensors = read_pull_header(self._push_pull_calls[k](
-            messages, timeout=timeout_s, metadata=self._metadata))
+        if shared:
+            replies = [self._shared_push_pull_calls[k](
+                messages, timeout=timeout_s, metadata=self._metadata)]
+        else:
+            replies = self._push_pull_calls[k](messages, timeout=timeout_s, metadata=self._metadata)
+        header, tensors = read_pull_header(replies)
         if not header.HasField("push"):
             raise BadTensor(f"shard {k} at {self.addresses[k]} answered a PushPull "
                             "without the push's outcome")

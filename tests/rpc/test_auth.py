@@ -139,7 +139,8 @@ def test_health_and_reflection_answer_standard_clients_behind_the_same_door(secu
     database = ProtoReflectionDescriptorDatabase(channel)
     assert SERVICE in database.get_services()
     methods = {m.name for m in database.FindFileContainingSymbol(SERVICE).service[0].method}
-    assert methods == {"Push", "Pull", "PushPull", "Status"}
+    assert methods == {"Push", "Pull", "PushPull", "SharedPush", "SharedPull", "SharedPushPull",
+                       "Status"}
     channel.close()
 
     no_token = grpc.secure_channel(address, channel_credentials(job_tls), options=TLS_OPTIONS)

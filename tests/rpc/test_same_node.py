@@ -141,20 +141,36 @@ def test_bytes_changed_after_the_push_do_not_reach_the_parameters(cluster):
 
 # -- hostile descriptions, raw gRPC -------------------------------------------
 
-@pytest.fixture
-def target(cluster):
-    """One shard with the transport on, worker 0's segments, a raw channel."""
+PUSHES = ("Push", "SharedPush", "SharedPushPull")
+
+
+@pytest.fixture(params=PUSHES)
+def target(cluster, request):
+    """One shard with the transport on, worker 0's segments, and send(header)
+    -> PushReply through a raw channel, by each method that takes a push."""
     clients, shards, prefix = cluster("shm", num_shards=1, num_workers=1)
     pair = PairSegments(prefix, 0, 0, shards[0].parameter_bytes)
     channel = grpc.insecure_channel(clients[0].addresses[0])
-    yield shards[0], pair, channel
+    yield shards[0], pair, lambda header: raw_push(channel, request.param, header, pair)
     channel.close()
     pair.close()
 
 
-def shared_push(channel, header, metadata=None):
-    call = channel.stream_unary(SERVICE + "Push", response_deserializer=pb.PushReply.FromString)
-    return call(push_stream(header, {}), timeout=10, metadata=metadata)
+def raw_push(channel, method, header, pair=None, metadata=None):
+    """`header` pushed by `method`; SharedPushPull's pull goes into `pair`'s segment."""
+    if method == "Push":
+        call = channel.stream_unary(SERVICE + method, response_deserializer=pb.PushReply.FromString)
+        return call(push_stream(header, {}), timeout=10, metadata=metadata)
+    if method == "SharedPush":
+        call = channel.unary_unary(SERVICE + method, response_deserializer=pb.PushReply.FromString)
+        return call(pb.PushRequest(header=header).SerializeToString(), timeout=10,
+                    metadata=metadata)
+    header = pb.PushHeader.FromString(header.SerializeToString())  # the caller's stays as it was
+    header.pull.segment = str(pair.pull_name)
+    header.pull.timeout_s = 5
+    call = channel.unary_unary(SERVICE + method, response_deserializer=pb.PullReply.FromString)
+    reply = call(pb.PushRequest(header=header).SerializeToString(), timeout=10, metadata=metadata)
+    return reply.header.push
 
 
 def good_header(shard, pair):
@@ -164,10 +180,10 @@ def good_header(shard, pair):
                          shared=shared)
 
 
-def refused(channel, header, shard, code=grpc.StatusCode.INVALID_ARGUMENT):
+def refused(send, header, shard, code=grpc.StatusCode.INVALID_ARGUMENT):
     before = params_of([shard])
     with pytest.raises(grpc.RpcError) as info:
-        shared_push(channel, header)
+        send(header)
     assert info.value.code() == code, info.value.details()
     after = params_of([shard])
     assert all(np.array_equal(before[n], after[n]) for n in before)
@@ -176,69 +192,69 @@ def refused(channel, header, shard, code=grpc.StatusCode.INVALID_ARGUMENT):
 
 
 def test_a_well_formed_raw_shared_push_is_applied(target):
-    shard, pair, channel = target
-    assert shared_push(channel, good_header(shard, pair)).outcome == pb.PushReply.APPLIED
+    shard, pair, send = target
+    assert send(good_header(shard, pair)).outcome == pb.PushReply.APPLIED
 
 
 @pytest.mark.parametrize("name", [
     "../../etc/passwd", "/dev/shm/x", "towerps-0123456789abcdef-w0-s0-p1-0-push",
     "", "x" * 10_000])
 def test_a_segment_name_of_another_run_or_no_segment_at_all_is_refused(target, name):
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     header.segment = name  # "": shared tensors described, but no segment named
-    refused(channel, header, shard)
+    refused(send, header, shard)
 
 
 def test_another_workers_or_a_pull_segment_is_refused(target):
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     header.worker_rank = 0
     header.segment = str(pair.pull_name)
-    assert "pull segment" in refused(channel, header, shard)
+    assert "pull segment" in refused(send, header, shard)
 
 
 def test_a_segment_that_shrank_is_a_short_read_not_a_crash(target):
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     os.truncate(pair.push_name.path, 100)
-    refused(channel, header, shard)
+    refused(send, header, shard)
     assert shard.version == 0
 
 
 def test_a_fifo_under_a_segment_name_is_refused_without_hanging(target):
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     os.unlink(pair.push_name.path)
     os.mkfifo(pair.push_name.path)
-    assert "regular file" in refused(channel, header, shard)
+    assert "regular file" in refused(send, header, shard)
 
 
 def test_a_segment_with_a_second_name_is_refused(target):
     """A hard link under another rank's segment name would have the shard
     read one worker's bytes as another's, or write a pull into them."""
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     alias = pair.push_name.path + "-alias"
     os.link(pair.push_name.path, alias)
     try:
-        assert "names" in refused(channel, header, shard)
+        assert "names" in refused(send, header, shard)
     finally:
         os.unlink(alias)
-    assert shared_push(channel, header).outcome == pb.PushReply.APPLIED
+    assert send(header).outcome == pb.PushReply.APPLIED
 
 
 def test_chunks_and_a_segment_in_one_push_are_refused(target):
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     header.num_tensors = len(shard.specs)
-    refused(channel, header, shard)
+    refused(send, header, shard)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_hostile_offsets_lengths_dtypes_and_shapes_change_nothing(target, data):
-    shard, pair, channel = target
+    shard, pair, send = target
     header = good_header(shard, pair)
     entry = header.shared[data.draw(st.integers(0, len(header.shared) - 1))]
     big = st.integers(-(2**63), 2**63 - 1)
@@ -262,24 +278,65 @@ def test_hostile_offsets_lengths_dtypes_and_shapes_change_nothing(target, data):
         entry.name = entry.name + data.draw(st.text(min_size=1, max_size=30))
     else:
         header.shared.append(entry)
-    refused(channel, header, shard)
+    refused(send, header, shard)
 
 
-def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster):
+def raw_pull(channel, method):
+    """pull(request, metadata) -> the reply messages, by Pull or SharedPull."""
+    serializer = pb.PullRequest.SerializeToString
+    if method == "Pull":
+        call = channel.unary_stream(SERVICE + method, request_serializer=serializer)
+        return lambda request, metadata=None: list(call(request, timeout=10, metadata=metadata))
+    call = channel.unary_unary(SERVICE + method, request_serializer=serializer)
+    return lambda request, metadata=None: [call(request, timeout=10, metadata=metadata)]
+
+
+@pytest.mark.parametrize("method", ["Pull", "SharedPull"])
+def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster, method):
     secret = new_job_secret()
     clients, _, prefix = cluster("shm", num_shards=1, num_workers=2, secret=secret)
     channel = grpc.insecure_channel(clients[0].addresses[0])
     segment = str(clients[0]._segments[0].pull_name)  # worker 0's
-    pull = channel.unary_stream(SERVICE + "Pull", request_serializer=pb.PullRequest.SerializeToString)
+    pull = raw_pull(channel, method)
     request = pb.PullRequest(min_version=0, timeout_s=5, segment=segment)
     with pytest.raises(grpc.RpcError) as info:
-        list(pull(request, timeout=10, metadata=bearer(worker_token(secret, 1))))
+        pull(request, metadata=bearer(worker_token(secret, 1)))
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert len(list(pull(request, timeout=10, metadata=bearer(worker_token(secret, 0))))) == 1
+    assert len(pull(request, metadata=bearer(worker_token(secret, 0)))) == 1
     channel.close()
     assert clients[1].pull(0, 5.0)[0] == 0  # its own segment: fine
     with pytest.raises(AccessDenied):
         clients[1].push(0, 0, {n: np.zeros(s) for n, s in SHAPES.items()}, 1, 0.0)
+
+
+def test_the_unary_same_node_calls_refuse_a_request_without_segments(cluster):
+    """SharedPull, SharedPush and SharedPushPull carry no chunks: without a
+    segment there is nothing to read or write, and nothing changes."""
+    clients, shards, _ = cluster("shm", num_shards=1, num_workers=1)
+    channel = grpc.insecure_channel(clients[0].addresses[0])
+    pair = clients[0]._segments[0]
+    before = params_of(shards)
+    with pytest.raises(grpc.RpcError) as info:
+        raw_pull(channel, "SharedPull")(pb.PullRequest(min_version=0, timeout_s=5))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "segment" in info.value.details()
+    chunked = pb.PushHeader(worker_rank=0, step=0, num_examples=1, num_tensors=len(SHAPES))
+    with_segment = good_header(shards[0], pair)
+    for method, header in [("SharedPush", chunked), ("SharedPushPull", chunked)]:
+        with pytest.raises(grpc.RpcError) as info:
+            raw_push(channel, method, header, pair)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "segment" in info.value.details()
+    # SharedPushPull's pull must name a segment too (raw_push would name one).
+    call = channel.unary_unary(SERVICE + "SharedPushPull")
+    with pytest.raises(grpc.RpcError) as info:
+        call(pb.PushRequest(header=with_segment).SerializeToString(), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "pull" in info.value.details()
+    channel.close()
+    after = params_of(shards)
+    assert all(np.array_equal(before[n], after[n]) for n in before)
+    assert shards[0].version == 0
 
 
 def test_a_shard_without_the_transport_refuses_segments(cluster):
