@@ -16,7 +16,8 @@ optimizer and data, in one process: rounds alternate between
 
 Both rates leave out the warm-up (tracing, first steps): Keras' is timed
 after `--warmup-steps`, towerps' is read from the shard's own step log
-(metrics.jsonl) between step `--warmup-steps` and the end, so actor start-up
+(metrics.jsonl, a record every `--log-every` steps as by default) from the
+first record at or after step `--warmup-steps` to the end, so actor start-up
 and the final evaluation are not counted. Goal: towerps >= 0.9 x keras.
 CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
@@ -119,6 +120,16 @@ def in_turns(items: list, round_index: int) -> list:
     return items[k:] + items[:k]
 
 
+def log_every(args) -> int:
+    """The runs' --log-every: TrainConfig's default, as users run towerps (a
+    record every step costs the driver TensorBoard writes it otherwise skips,
+    about 3% of the worker's compute here); every step in a --tiny run,
+    whose few steps would otherwise leave no two records to time."""
+    from towerps.cluster import TrainConfig
+
+    return 1 if args.tiny else TrainConfig.log_every
+
+
 def towerps_rate(args, dataset_name: str, run_dir: str, transport: str | None = None):
     """Examples/s of a towerps run (1 worker, 1 shard) after the warm-up, and its RunSummary."""
     from towerps.cluster import TrainConfig, train
@@ -126,8 +137,8 @@ def towerps_rate(args, dataset_name: str, run_dir: str, transport: str | None = 
     config = TrainConfig(
         dataset=dataset_name, data_dir=args.data_dir, download=False, model=args.model,
         num_workers=1, num_ps=1, batch_size=args.batch_size,
-        steps=args.warmup_steps + args.steps, optimizer=args.optimizer, log_every=1,
-        run_dir=run_dir, **variant_fields(transport),
+        steps=args.warmup_steps + args.steps, optimizer=args.optimizer,
+        log_every=log_every(args), run_dir=run_dir, **variant_fields(transport),
     )
     summary = train(config, progress=False)
     records = common.read_metrics(run_dir, args.batch_size)
@@ -203,7 +214,8 @@ def main(argv=None) -> dict:
         args, budget=budget, goals=goals, summary=summary,
         inputs={"model": args.model, "dataset": dataset_name, "batch_size": args.batch_size,
                 "optimizer": args.optimizer, "steps": args.steps,
-                "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds,
+                "warmup_steps": args.warmup_steps, "log_every": log_every(args),
+                "rounds_asked": args.rounds,
                 "same_node_transports": kinds, "push_pull": args.push_pull},
         figures={"keras_examples_per_s": keras_med, "towerps_examples_per_s": towerps_med,
                  "ratio": ratio, "median_of_round_ratios": ratio_med,

@@ -265,7 +265,8 @@ def towerps_rate(args, run_dir: str, transport: str) -> float:
     config = TrainConfig(dataset=args.dataset, download=False, model=args.model,
                          num_workers=NUM_WORKERS, num_ps=NUM_WORKERS, batch_size=args.batch_size,
                          steps=args.warmup_steps + args.steps, optimizer=args.optimizer,
-                         log_every=1, run_dir=run_dir, **overhead.variant_fields(transport))
+                         log_every=overhead.log_every(args), run_dir=run_dir,
+                         **overhead.variant_fields(transport))
     train(config, progress=False)
     return common.rate_between(common.read_metrics(run_dir, args.batch_size), args.warmup_steps)
 
@@ -329,7 +330,8 @@ def main(argv=None) -> dict:
         args, budget=budget, goals=goals, summary=summary,
         inputs={"model": args.model, "dataset": args.dataset, "global_batch_size": args.batch_size,
                 "optimizer": args.optimizer, "num_workers": NUM_WORKERS, "num_ps": NUM_WORKERS,
-                "steps": args.steps, "warmup_steps": args.warmup_steps, "rounds_asked": args.rounds,
+                "steps": args.steps, "warmup_steps": args.warmup_steps,
+                "log_every": overhead.log_every(args), "rounds_asked": args.rounds,
                 "same_node_transports": kinds, "push_pull": args.push_pull},
         figures={"examples_per_s": med, "vs_keras": {s: med[s] / med["keras"] for s in systems},
                  "towerps_vs_best_peer": vs_peer, "best_peer": best_peer,
