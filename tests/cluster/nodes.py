@@ -26,9 +26,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from tests.polling import wait_until
 
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
@@ -36,19 +36,6 @@ TOWERPS = str(VENV_BIN / "towerps")
 OBJECT_STORE_BYTES = 200_000_000  # Ray's default (30% of RAM per node) is far too much here
 # The first process of a node namespace when nothing else is: waits, reaps orphans.
 REAPER = ["bash", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.1):
-    """Poll `predicate` until it returns something truthy; AssertionError naming `what`
-    after `timeout_s`. For conditions with no event to wait on (a process's exit)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def free_port(host: str) -> int:

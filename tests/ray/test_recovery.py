@@ -21,13 +21,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.ray.test_checkpoints import job, ray_cluster, weights_of  # noqa: F401 (fixture)
+from tests.polling import wait_until
 from tests.ray.test_stops import descendants, running, wait_for, wait_gone
 from towerps.cluster import train
 from towerps.ps import Mode
@@ -48,10 +48,7 @@ FLAGS = ["--dataset", "fashion_mnist", "--num-workers", "3", "--num-ps", "2", "-
 
 def wait_for_file(path, timeout_s: float = TIMEOUT_S) -> None:
     """Block until `path` exists (another process writes it); fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s:g} s"
-        time.sleep(0.05)
+    wait_until(lambda: os.path.exists(path), timeout_s, f"{path} to appear")
 
 
 def wait_for_metrics(run_dir, step: int, timeout_s: float = TIMEOUT_S) -> None:
@@ -59,10 +56,15 @@ def wait_for_metrics(run_dir, step: int, timeout_s: float = TIMEOUT_S) -> None:
     shard 0's update log up to there. (A record whose updates the driver had
     not read when shard 0 died is not written: its log is gone.)"""
     path = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + timeout_s
-    while not (path.exists() and f'"step": {step},' in path.read_text()):
-        assert time.monotonic() < deadline, f"no metrics record of step {step} in {timeout_s:g} s"
-        time.sleep(0.05)
+    wait_until(lambda: path.exists() and f'"step": {step},' in path.read_text(), timeout_s,
+               f"the metrics record of step {step}")
+
+
+def wait_replaced(run_dir, role: str, index: int, pid: int) -> int:
+    """Block until placement.json (the driver rewrites it when a recovery is
+    done) names another process than `pid` in that role; returns its pid."""
+    return wait_until(lambda: pid_of(run_dir, role, index) != pid and pid_of(run_dir, role, index),
+                      TIMEOUT_S, f"{role} {index} (pid {pid}) to be replaced")
 
 
 def pid_of(run_dir, role: str, index: int) -> int:
@@ -275,10 +277,7 @@ def test_a_sigkilled_workers_shared_memory_is_removed_with_or_without_a_recovery
         assert any(f"-w1-s0-p{killed}-" in n for n in segments_of(run_dir))
         os.kill(killed, signal.SIGKILL)
         if checkpoints:  # its replacement, set up and holding, has removed the dead one's
-            deadline = time.monotonic() + TIMEOUT_S
-            while pid_of(run_dir, "worker", 1) == killed:  # placement.json: written by the driver
-                assert time.monotonic() < deadline, "worker 1 was not replaced"
-                time.sleep(0.05)
+            wait_replaced(run_dir, "worker", 1, killed)
             assert not [n for n in segments_of(run_dir) if f"-w1-s0-p{killed}-" in n]
         open(release, "w").close()  # a replacement holds there too, until now
         if checkpoints:

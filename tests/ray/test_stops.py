@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.polling import wait_until
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 HARNESS = Path(__file__).with_name("stop_harness.py")
@@ -36,14 +38,18 @@ def start(tmp_path, *flags, env=None, hold: bool = True) -> subprocess.Popen:
 
 def wait_for(condition, what: str, proc: subprocess.Popen) -> None:
     """Poll `condition` until true; fail if the process ends or WAIT_S passes."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
+    def ready() -> bool:
+        if condition():
+            return True
         if proc.poll() is not None:
             pytest.fail(f"towerps exited {proc.returncode} before {what}: {proc.stderr.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no {what} within {WAIT_S:.0f} s")
-        time.sleep(0.1)
+        return False
+
+    try:
+        wait_until(ready, WAIT_S, what)
+    except AssertionError:
+        proc.kill()
+        raise
 
 
 def descendants(root: int) -> set[int]:

@@ -11,13 +11,13 @@ before a push until the test releases it) and by the shards' own counters.
 
 import os
 import signal
-import time
 
 import pytest
 import ray
 
 from tests.ray.test_checkpoints import job, weights_of
-from tests.ray.test_recovery import Background, pid_of, wait_for_file
+from tests.polling import wait_until
+from tests.ray.test_recovery import Background, pid_of, wait_for_file, wait_replaced
 from towerps.cluster import train
 from towerps.cluster.security import read_cluster_json
 from towerps.cluster.status import ShardReader
@@ -49,11 +49,9 @@ def clean(ray_cluster, tmp_path_factory):
 def wait_for_pushes(run_dir, count: int, timeout_s: float = TIMEOUT_S) -> None:
     """Block until every shard has taken `count` pushes (a step being gathered counts)."""
     reader = ShardReader(*read_cluster_json(str(run_dir)))
-    deadline = time.monotonic() + timeout_s
     try:
-        while not all(s.up and s.pushes_applied >= count for s in reader.ask()):
-            assert time.monotonic() < deadline, f"{count} pushes did not arrive in {timeout_s:g} s"
-            time.sleep(0.05)
+        wait_until(lambda: all(s.up and s.pushes_applied >= count for s in reader.ask()),
+                   timeout_s, f"{count} pushes at every shard")
     finally:
         reader.close()
 
@@ -72,10 +70,7 @@ def test_a_rollback_after_runs_ended_runs_them_again(ray_cluster, clean, tmp_pat
     os.kill(pid_of(run_dir, "worker", 1), signal.SIGKILL)
     shard = pid_of(run_dir, "ps", 1)
     os.kill(shard, signal.SIGKILL)
-    deadline = time.monotonic() + TIMEOUT_S
-    while pid_of(run_dir, "ps", 1) == shard:  # placement.json: the recovery is done
-        assert time.monotonic() < deadline, "shard 1 was not brought back"
-        time.sleep(0.05)
+    wait_replaced(run_dir, "ps", 1, shard)
     open(release, "w").close()
     summary = run.result()
 

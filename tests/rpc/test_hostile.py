@@ -3,12 +3,12 @@ and what it gets now. Raw gRPC calls, as an attacker would make them."""
 
 import math
 import threading
-import time
 
 import grpc
 import numpy as np
 import pytest
 
+from tests.polling import wait_until
 from towerps.codec import push_stream
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
@@ -18,16 +18,6 @@ from towerps.ps.limits import ShardLimits
 pytestmark = pytest.mark.rpc
 
 SERVICE = "/towerps.v1.ParameterServer/"
-
-
-def wait_until(predicate, timeout_s=30.0):
-    """Poll `predicate` until true; False after `timeout_s` (no fixed sleeps)."""
-    deadline, pause = time.monotonic() + timeout_s, threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        pause.wait(0.02)
-    return True
 
 
 @pytest.fixture
@@ -101,7 +91,7 @@ def test_a_huge_pull_timeout_without_a_deadline_waits_for_its_version(shard_serv
     shard, server, channel = shard_server(num_workers=1)
     call = pb_grpc.ParameterServerStub(channel).Pull(
         pb.PullRequest(min_version=1, timeout_s=timeout_s))  # no client deadline
-    assert wait_until(lambda: _slots_of(server).in_flight == 1)
+    wait_until(lambda: _slots_of(server).in_flight == 1, 30, "one call in flight")
     assert push_call(channel)(iter(push_messages()), timeout=10).outcome == pb.PushReply.APPLIED
     replies = list(call)
     assert replies and call.code() == grpc.StatusCode.OK
@@ -114,14 +104,14 @@ def test_cancelled_pulls_free_their_threads_and_slots(shard_server):
     guard_slots = _slots_of(server)
     # No client deadline and an hour of timeout: only the cancel can end them.
     calls = [stub.Pull(pb.PullRequest(min_version=5, timeout_s=3600.0)) for _ in range(4)]
-    assert wait_until(lambda: guard_slots.in_flight == 4)
+    wait_until(lambda: guard_slots.in_flight == 4, 30, "four calls in flight")
     with pytest.raises(grpc.RpcError) as err:  # the cap: refused, not queued
         list(stub.Pull(pb.PullRequest(min_version=5, timeout_s=1.0), timeout=10))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "cap" in err.value.details()
     for call in calls:
         call.cancel()
-    assert wait_until(lambda: guard_slots.in_flight == 0)
+    wait_until(lambda: guard_slots.in_flight == 0, 30, "no call in flight")
     assert status(channel).version == 0
 
 
@@ -231,7 +221,7 @@ def test_push_streams_that_stop_sending_are_cancelled_when_idle(shard_server):
             with pytest.raises(grpc.RpcError) as err:
                 future.result(timeout=30)
             assert err.value.code() == grpc.StatusCode.CANCELLED
-        assert wait_until(lambda: _slots_of(server).in_flight == 0)
+        wait_until(lambda: _slots_of(server).in_flight == 0, 30, "no call in flight")
         assert push_call(channel)(iter(push_messages()), timeout=10).outcome == pb.PushReply.BUFFERED
     finally:
         release.set()
