@@ -29,8 +29,8 @@ The cost model beside it has inputs measured first in the same run, with
              endpoint with several calls at once (a shard serving N
              workers, a worker calling K shards) spreads them over up to C
              cores: its Python is serialised by the GIL, but the copies,
-             sums and gRPC's C core are not (8 workers on 1 shard measured
-             1.35 GB/s through the shard, 1 worker 1.1 GB/s);
+             sums and gRPC's C core are not (`shard_cpu_s_per_step` of
+             each configuration says how much of a core its shards took);
   g_K        contention: with 1 worker, T = 0 and the real model, the CPU
              per step measured against K shards over what b and c count
              for it (1 at K = 1). The same bytes split over K processes on
