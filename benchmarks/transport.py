@@ -18,7 +18,10 @@ at most `--tensor-mb`), two fresh processes on loopback:
           processes (VmHWM) is read right then, so it is the memory of one
           sync step at that size. Then `--reps` rounds that alternate
           gRPC push, bare push, raw TCP send, same-node push, gRPC pull,
-          bare pull, raw TCP receive, same-node pull of the same bytes
+          bare pull, raw TCP receive, same-node pull of the same bytes,
+          then a PushPull over gRPC and one through segments (the
+          repeated push, answered with the version's parameters: the
+          bytes both ways in one call)
           (same-node: a second `PSClient` whose tensors go through /dev/shm
           segments, the shard started with the same-node transport;
           `shm_*_vs_grpc` is its rate over the gRPC path's). The timed gRPC pushes repeat the applied step, so the shard
@@ -65,7 +68,7 @@ from benchmarks import _common as common  # noqa: E402
 MB = 10**6
 # Each round; shm_*: the same client calls with the same-node transport on (plaintext only).
 OPS = ("grpc_push", "bare_push", "tcp_send", "shm_push",
-       "grpc_pull", "bare_pull", "tcp_recv", "shm_pull")
+       "grpc_pull", "bare_pull", "tcp_recv", "shm_pull", "grpc_push_pull", "shm_push_pull")
 TLS_OPS = ("grpc_push", "tcp_send", "grpc_pull", "tcp_recv")  # the bare stream runs plaintext
 BARE_PUSH, BARE_PULL = "/bare.Bytes/Push", "/bare.Bytes/Pull"
 _HEADER = struct.Struct("<cQ")  # TCP: op (b"P" receive n bytes, b"G" send n bytes), n
@@ -278,6 +281,14 @@ def run_client(args) -> None:
         _, pulled = shm_client.pull(min_version=1, timeout_s=300.0)
         assert sum(p.nbytes for p in pulled.values()) == nbytes
 
+    def grpc_push_pull():  # the repeated push is answered with version 1 all the same
+        _, version, pulled = client.push_pull(0, 0, grads, 1, 0.0, 300.0)
+        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
+
+    def shm_push_pull():
+        _, version, pulled = shm_client.push_pull(0, 0, grads, 1, 0.0, 300.0)
+        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
+
     def tcp_send():
         tcp.sendall(_HEADER.pack(b"P", nbytes))
         for g in grads.values():
@@ -305,7 +316,8 @@ def run_client(args) -> None:
 
     fns = {"grpc_push": grpc_push, "bare_push": bare_send, "tcp_send": tcp_send,
            "grpc_pull": grpc_pull, "bare_pull": bare_recv, "tcp_recv": tcp_recv,
-           "shm_push": shm_push, "shm_pull": shm_pull}
+           "shm_push": shm_push, "shm_pull": shm_pull,
+           "grpc_push_pull": grpc_push_pull, "shm_push_pull": shm_push_pull}
     for _ in range(args.rep_count):
         for op in ops:
             timed(op, fns[op])
@@ -427,6 +439,12 @@ def summarise(raw: dict) -> dict:
     if "shm_push_mb_per_s" in rate:  # the same-node transport over the gRPC path
         out["shm_push_vs_grpc"] = rate["shm_push_mb_per_s"] / rate["grpc_push_mb_per_s"]
         out["shm_pull_vs_grpc"] = rate["shm_pull_mb_per_s"] / rate["grpc_pull_mb_per_s"]
+    if "shm_push_pull_mb_per_s" in rate:  # one call each way, the tensors both ways
+        out["shm_push_pull_vs_grpc"] = (rate["shm_push_pull_mb_per_s"]
+                                        / rate["grpc_push_pull_mb_per_s"])
+    # Per call: at small sizes, what a call costs whatever it carries.
+    out["median_ms"] = {k.removesuffix("_s"): 1e3 * common.median(v)
+                        for k, v in raw.items() if isinstance(v, list)}
     for proc in ("client", "shard"):
         before, hwm = raw[f"{proc}_rss_before_bytes"], raw[f"{proc}_hwm_bytes"]
         out[f"{proc}_rss_before_bytes"] = before
