@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import _common as common
 from benchmarks.convergence import interpolate
-from benchmarks.scaling import format_rate, model_shapes, net_cpu_per_byte, predict
+from benchmarks.scaling import format_rate, model_shapes, net_cpu_per_byte, predict, step_cpu
 from towerps.cluster import cli
 
 pytestmark = pytest.mark.unit
@@ -76,19 +76,28 @@ def test_scaling_model_has_the_asked_size_and_the_cost_model_adds_up():
     nbytes = sum(4 * int(__import__("math").prod(s)) for s in shapes.values())
     assert abs(nbytes - 26_214_400) / 26_214_400 < 0.01
     cal = {"alpha_s": 0.001, "shard_cpu_s_per_byte": 1e-9, "worker_cpu_s_per_byte": 1e-9,
-           "shard_cpu_s_per_call_pair": 0.0, "worker_cpu_s_per_call_pair": 0.0}
+           "shard_cpu_s_per_call_pair": 0.0, "worker_cpu_s_per_call_pair": 0.0,
+           "contention": {"1": 1.0, "4": 1.0}}
     # 1 worker, 1 shard: T + 2 alpha + 2 S c (the shard and the worker are equally busy).
     assert predict(cal, 1, 1, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 0.2)
-    # 8 workers on one shard: that shard moves 8 S each way.
-    assert predict(cal, 8, 1, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 1.6)
+    # 8 workers on one shard: that shard moves 8 S each way, its 8 calls at once
+    # spread over up to 8 cores (copies and gRPC's C core run outside the GIL).
+    assert predict(cal, 8, 1, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 0.2)
     # ...but on 2 cores all bytes share them: 2 N S (c_s + c_w) / C.
     assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 1.6)
     # Every (worker, shard) pair makes a pull and a push per step, each call costing CPU
     # wherever it lands: on 2 cores 8 workers x 4 shards x 10 ms.
     cal.update(shard_cpu_s_per_call_pair=0.004, worker_cpu_s_per_call_pair=0.006)
     assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 1.6 + 0.16)
-    # A worker alone: its bytes and its 4 calls (the shards are idle by comparison).
-    assert predict(cal, 1, 4, 10**8, 0.1, cores=64) == pytest.approx(0.1 + 0.002 + 0.2 + 0.024)
+    # A worker alone calls its 4 shards at once: its bytes and 4 calls over 4 cores.
+    assert predict(cal, 1, 4, 10**8, 0.1, cores=64) == pytest.approx(
+        0.1 + 0.002 + (0.2 + 0.024) / 4)
+    # K's measured contention multiplies every CPU cost at that K, not the latency.
+    cal["contention"]["4"] = 1.5
+    assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(
+        0.1 + 0.002 + 1.5 * (1.6 + 0.16))
+    assert step_cpu(cal, 8, 4, 10**8) == pytest.approx(1.5 * (3.2 + 0.32))
+    assert step_cpu(cal, 8, 4, 10**8, contention=False) == pytest.approx(3.2 + 0.32)
 
 
 def test_per_byte_calibration_survives_cpu_readings_below_the_proc_resolution():
