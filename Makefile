@@ -13,6 +13,7 @@ train: setup
 # The whole test suite, slow and multi-process tiers included (what CI runs),
 # ending with its 30 slowest tests: the ones to shorten when the suite grows.
 # Its set-up also installs what the cluster tier needs (openssh-server, rsync).
+# -X faulthandler: a crash, even at the interpreter's exit, prints every thread's stack.
 test:
 	@scripts/setup.sh --tests
-	.venv/bin/python -m pytest -ra --durations=30
+	.venv/bin/python -X faulthandler -m pytest -ra --durations=30

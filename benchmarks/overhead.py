@@ -122,9 +122,9 @@ def in_turns(items: list, round_index: int) -> list:
 
 def log_every(args) -> int:
     """The runs' --log-every: TrainConfig's default, as users run towerps (a
-    record every step costs the driver TensorBoard writes it otherwise skips,
-    about 3% of the worker's compute here); every step in a --tiny run,
-    whose few steps would otherwise leave no two records to time."""
+    record every step costs the driver TensorBoard writes that a default
+    run skips, on the cores the worker computes on); every step in a --tiny
+    run, whose few steps would otherwise leave no two records to time."""
     from towerps.cluster import TrainConfig
 
     return 1 if args.tiny else TrainConfig.log_every
