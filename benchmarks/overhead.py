@@ -123,11 +123,11 @@ def in_turns(items: list, round_index: int) -> list:
 def log_every(args) -> int:
     """The runs' --log-every: TrainConfig's default, as users run towerps (a
     record every step costs the driver TensorBoard writes that a default
-    run skips, on the cores the worker computes on); every step in a --tiny
-    run, whose few steps would otherwise leave no two records to time."""
+    run skips, on the cores the worker computes on); every step in a run
+    too short to leave two records after the warm-up at the default."""
     from towerps.cluster import TrainConfig
 
-    return 1 if args.tiny else TrainConfig.log_every
+    return TrainConfig.log_every if args.steps >= 2 * TrainConfig.log_every else 1
 
 
 def towerps_rate(args, dataset_name: str, run_dir: str, transport: str | None = None):

@@ -33,7 +33,8 @@ The cost model beside it has inputs measured first in the same run, with
              each configuration says how much of a core its shards took);
   g_K        contention: with 1 worker, T = 0 and the real model, the CPU
              per step measured against K shards over what b and c count
-             for it (1 at K = 1). The same bytes split over K processes on
+             for it (1 at K = 1, and never below 1: a reading below the
+             count is noise). The same bytes split over K processes on
              C cores cost more CPU than over one: every process runs in
              time slices beside the others, so each switch finds cold
              caches, and more threads wake per step. Measured per K at
@@ -251,8 +252,9 @@ def main(argv=None) -> dict:
                     "shard_bytes": run["shard_bytes"], "shard_peak_rss_bytes": run["shard_peak_rss_bytes"],
                     "shard_peak_rss_growth_bytes": run["shard_peak_rss_growth_bytes"],
                     # Measured CPU of workers and shards per step, beside what the model
-                    # assumes (calibrated bytes x CPU/byte): where they part, contention
-                    # made each byte dearer.
+                    # assumes (bytes and calls at their calibrated CPU, times g_K) and
+                    # the count without g_K: where they part, contention made each
+                    # byte dearer than K's one-worker calibration says.
                     "cpu_s_per_step": (run["worker_cpu_s"] + run["shard_cpu_s"]) / total_steps,
                     "shard_cpu_s_per_step": run["shard_cpu_s"] / total_steps,
                     "model_cpu_s_per_step": step_cpu(cal, n, k, nbytes),

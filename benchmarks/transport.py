@@ -21,7 +21,7 @@ at most `--tensor-mb`), two fresh processes on loopback:
           bare pull, raw TCP receive, same-node pull of the same bytes,
           then a PushPull over gRPC and one through segments (the
           repeated push, answered with the version's parameters: the
-          bytes both ways in one call)
+          bytes both ways in one call; its MB/s count one way's bytes)
           (same-node: a second `PSClient` whose tensors go through /dev/shm
           segments, the shard started with the same-node transport;
           `shm_*_vs_grpc` is its rate over the gRPC path's). The timed gRPC pushes repeat the applied step, so the shard

@@ -138,9 +138,13 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def SharedPull(self, request, context):
         """Pull into the caller's segment: the one reply message describes it."""
         ended = self._call_ended(context)
-        if not request.segment:
-            _abort(context, BadRequest("SharedPull writes into a segment: name one in "
-                                       "PullRequest.segment, or call Pull"))
+        try:
+            if not request.segment:
+                raise BadRequest("SharedPull writes into a segment: name one in "
+                                 "PullRequest.segment, or call Pull")
+            self._check_pull(context, request)  # before the wait for the version
+        except (BadRequest, AccessDenied) as err:
+            _abort(context, err)
         return next(self._answer_pull(context, ended, request, request.min_version))
 
     def _take_push(self, request_iterator, context, ended, then_pull=False, shared=False):
@@ -151,10 +155,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         must be in segments."""
         def check_header(header):
             self._check_rank(context, header.worker_rank)
-            if shared and not (header.segment and (header.pull.segment or not then_pull)):
-                raise BadRequest("a Shared* call carries its tensors in segments: name the "
-                                 "push's (PushHeader.segment) and, for SharedPushPull, the "
-                                 "pull's (PushHeader.pull.segment); or call Push or PushPull")
+            if shared:
+                _check_shared(header, then_pull)
 
         stream = self.idle.track(context.cancel)
         try:
@@ -322,6 +324,18 @@ _ERROR_CODES = (
 def _abort(context, err: Exception) -> None:
     code = next(code for kind, code in _ERROR_CODES if isinstance(err, kind))
     context.abort(code, str(err))
+
+
+def _check_shared(header: pb.PushHeader, then_pull: bool) -> None:
+    """A SharedPush's or SharedPushPull's header: tensors, and a pull, in segments."""
+    if header.skip_step:
+        raise BadRequest("a skip_step push carries no tensors: send it by Push")
+    if not header.segment:
+        raise BadRequest("a Shared* call carries its tensors in a segment: name it in "
+                         "PushHeader.segment, or call Push or PushPull")
+    if then_pull and not header.pull.segment:
+        raise BadRequest("SharedPushPull writes the parameters into a segment: name it "
+                         "in PushHeader.pull.segment, or call PushPull")
 
 
 def _reading(stream, requests):

@@ -30,8 +30,9 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.nodes import (
-    OBJECT_STORE_BYTES, RAY, VENV_BIN, Namespace, auth_env, free_port, wait_until,
+    OBJECT_STORE_BYTES, RAY, VENV_BIN, Namespace, auth_env, free_port,
 )
+from tests.polling import wait_until
 
 SSHD = "/usr/sbin/sshd"
 RUN_SSHD = Path("/run/sshd")  # sshd's privilege-separation directory must exist

@@ -26,7 +26,8 @@ import pytest
 
 from tests.cluster.needs import require
 from tests.cluster.node_loss_job import BATCH, CHECKPOINT_EVERY, HOLD_STEP, STEPS
-from tests.cluster.nodes import RayNodes, wait_until
+from tests.cluster.nodes import RayNodes
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.cluster.machines import Machines
 from tests.cluster.needs import require
-from tests.cluster.nodes import wait_until
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -2,7 +2,8 @@
 (the cases of benchmarks/fuzz.py; the benchmark runs 10,000).
 
 Every case: a status code a client may branch on (never UNKNOWN or
-INTERNAL), no call past its deadline but a pull waiting for a version, the
+INTERNAL), no call past its deadline but a pull waiting for a version (a
+SharedPushPull's DEADLINE_EXCEEDED must be the shard's own answer), the
 shard alive, the parameters' checksum unchanged. Afterwards: no call left in
 flight, the shard idle, its resident memory within 50 MB of the start."""
 

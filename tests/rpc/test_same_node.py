@@ -302,7 +302,8 @@ def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster, m
     with pytest.raises(grpc.RpcError) as info:
         pull(request, metadata=bearer(worker_token(secret, 1)))
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert len(pull(request, metadata=bearer(worker_token(secret, 0)))) == 1
+    (reply,) = pull(request, metadata=bearer(worker_token(secret, 0)))
+    assert pb.PullReply.FromString(reply).header.shared  # written into worker 0's own
     channel.close()
     assert clients[1].pull(0, 5.0)[0] == 0  # its own segment: fine
     with pytest.raises(AccessDenied):
@@ -322,21 +323,66 @@ def test_the_unary_same_node_calls_refuse_a_request_without_segments(cluster):
     assert "segment" in info.value.details()
     chunked = pb.PushHeader(worker_rank=0, step=0, num_examples=1, num_tensors=len(SHAPES))
     with_segment = good_header(shards[0], pair)
-    for method, header in [("SharedPush", chunked), ("SharedPushPull", chunked)]:
+    skip = pb.PushHeader(worker_rank=0, step=0, skip_step=True, segment=str(pair.push_name))
+    for method, header, says in [("SharedPush", chunked, "PushHeader.segment"),
+                                 ("SharedPushPull", chunked, "PushHeader.segment"),
+                                 ("SharedPush", skip, "skip_step")]:
         with pytest.raises(grpc.RpcError) as info:
             raw_push(channel, method, header, pair)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "segment" in info.value.details()
+        assert says in info.value.details()
     # SharedPushPull's pull must name a segment too (raw_push would name one).
     call = channel.unary_unary(SERVICE + "SharedPushPull")
     with pytest.raises(grpc.RpcError) as info:
         call(pb.PushRequest(header=with_segment).SerializeToString(), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "pull" in info.value.details()
+    assert "PushHeader.pull.segment" in info.value.details()
     channel.close()
     after = params_of(shards)
     assert all(np.array_equal(before[n], after[n]) for n in before)
     assert shards[0].version == 0
+
+
+@pytest.mark.parametrize("bad", ["another_workers_segment", "made_up_segment", "nan_timeout",
+                                 "wire_dtype"])
+def test_a_bad_pull_in_a_shared_push_pull_refuses_the_push_too(cluster, bad):
+    """SharedPushPull checks its pull before the shard sees the push: the
+    push is not taken, so the same push sent well afterwards is APPLIED."""
+    secret = new_job_secret()
+    clients, shards, _ = cluster("shm", num_shards=1, num_workers=1, secret=secret)
+    other = PairSegments(clients[0]._same_node.prefix, 1, 0, shards[0].parameter_bytes)
+    channel = grpc.insecure_channel(clients[0].addresses[0])
+    call = channel.unary_unary(SERVICE + "SharedPushPull")
+    metadata = bearer(worker_token(secret, 0))
+    pair = PairSegments(clients[0]._same_node.prefix, 0, 0, shards[0].parameter_bytes)
+    header = good_header(shards[0], pair)
+    header.pull.CopyFrom(pb.PullRequest(timeout_s=5.0, segment=str(pair.pull_name)))
+    bad_header = pb.PushHeader.FromString(header.SerializeToString())
+    if bad == "another_workers_segment":
+        bad_header.pull.segment = str(other.pull_name)
+    elif bad == "made_up_segment":
+        bad_header.pull.segment = "towerps-0123456789abcdef-w0-s0-p1-0-pull"
+    elif bad == "nan_timeout":
+        bad_header.pull.timeout_s = float("nan")
+    else:
+        bad_header.pull.wire_dtype = pb.INT32
+    before = params_of(shards)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            call(pb.PushRequest(header=bad_header).SerializeToString(), timeout=10,
+                 metadata=metadata)
+        assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                     grpc.StatusCode.PERMISSION_DENIED), info.value.details()
+        assert shards[0].stats()[1].pushes_applied == 0 and shards[0].version == 0
+        after = params_of(shards)
+        assert all(np.array_equal(before[n], after[n]) for n in before)
+        reply = pb.PullReply.FromString(call(pb.PushRequest(header=header).SerializeToString(),
+                                             timeout=10, metadata=metadata)).header
+        assert reply.push.outcome == pb.PushReply.APPLIED and reply.version == 1
+    finally:
+        channel.close()
+        pair.close()
+        other.close()
 
 
 def test_a_shard_without_the_transport_refuses_segments(cluster):

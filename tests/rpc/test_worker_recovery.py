@@ -3,11 +3,11 @@ from a checkpoint, the worker is redirected while it trains, and the run ends
 with the weights of a run without the failure, bit for bit."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
+from tests.polling import wait_until
 from tests.rpc.test_worker_modes import TIMEOUT_S, GatedTower, at_gate
 from towerps.ps import Mode, Shard, create_server, make_optimizer, plan_placement
 from towerps.workers import PSClient, Tower, Worker, WorkerSpec, build_model, load_dataset
@@ -52,10 +52,8 @@ def run_job(dataset, kill_at: int | None):
     if kill_at is not None:
         at_gate(workers[0], kill_at)
         # ...and worker 1 has pushed it (its last step: its loop may be over).
-        deadline = time.monotonic() + TIMEOUT_S
-        while shard.worker_position(1)[0] < kill_at:
-            assert time.monotonic() < deadline, f"worker 1 never pushed step {kill_at}"
-            time.sleep(0.01)
+        wait_until(lambda: shard.worker_position(1)[0] >= kill_at, TIMEOUT_S,
+                   f"worker 1 to push step {kill_at}", poll_s=0.01)
         server.stop(grace=None).wait()  # the shard's process is gone
         shard.close()
         latest = states[-1]

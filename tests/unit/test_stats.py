@@ -1,11 +1,11 @@
 """A shard's figures: the bounded update log, the push rate, pulls waiting, apply time."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
+from tests.polling import wait_until
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import Shard
 from towerps.ps.stats import RateMeter, StepLog, StepRecord
@@ -72,10 +72,8 @@ def test_a_pull_waiting_for_its_version_is_counted_until_it_returns():
                      daemon=True).start()
     # Nothing signals "now waiting" from inside Shard.pull: read the gauge,
     # a bounded number of times (it is what the test checks).
-    deadline = time.monotonic() + 30.0
-    while shard.stats()[1].pulls_waiting != 1:
-        assert time.monotonic() < deadline, "the pull never waited"
-        time.sleep(0.01)
+    wait_until(lambda: shard.stats()[1].pulls_waiting == 1, 30.0, "the pull to wait",
+               poll_s=0.01)
     shard.push(0, 0, {"w": np.ones(2, np.float32)}, num_examples=1)
     assert pulled.wait(timeout=30.0)
     assert shard.stats()[1].pulls_waiting == 0
