@@ -236,7 +236,7 @@ def main(argv=None) -> dict:
             run = big if k == 1 else bench.step_times(shapes, 1, k, 0.0, cal_steps)
             cpu = (run["shard_cpu_s"] + run["worker_cpu_s"]) / cal_steps
             cal["cpu_s_per_step_1_worker"][str(k)] = cpu
-            counted = step_cpu({**cal, "contention": {str(k): 1.0}}, 1, k, nbytes)
+            counted = step_cpu(cal, 1, k, nbytes, contention=False)
             cal["contention"][str(k)] = 1.0 if k == 1 else max(1.0, cpu / counted)
 
         configs = []

@@ -138,13 +138,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def SharedPull(self, request, context):
         """Pull into the caller's segment: the one reply message describes it."""
         ended = self._call_ended(context)
-        try:
-            if not request.segment:
-                raise BadRequest("SharedPull writes into a segment: name one in "
-                                 "PullRequest.segment, or call Pull")
-            self._check_pull(context, request)  # before the wait for the version
-        except (BadRequest, AccessDenied) as err:
-            _abort(context, err)
+        if not request.segment:
+            _abort(context, BadRequest("SharedPull writes into a segment: name one in "
+                                       "PullRequest.segment, or call Pull"))
         return next(self._answer_pull(context, ended, request, request.min_version))
 
     def _take_push(self, request_iterator, context, ended, then_pull=False, shared=False):
@@ -196,6 +192,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             if remaining is not None:
                 timeout_s = min(timeout_s, remaining)
             wire_dtype = pull_wire_dtype(request.wire_dtype)
+            if request.segment:  # whose segment, before waiting for the version
+                self._check_segment(context, request.segment)
             version, params = self._shard.pull(min_version, timeout_s, ended)
             if request.segment:
                 shared = self._shared_pull(context, request.segment, params, wire_dtype)
@@ -222,10 +220,14 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         checked_wait(request.timeout_s, self._limits.max_wait_s)
         pull_wire_dtype(request.wire_dtype)
         if request.segment:
-            if self._same_node is None:
-                refuse_shared(self._shard.index)
-            self._same_node.check_pull(request.segment,
-                                       lambda rank: self._check_rank(context, rank))
+            self._check_segment(context, request.segment)
+
+    def _check_segment(self, context, segment: str) -> None:
+        """Raise unless `segment` is a pull segment of this run and shard whose
+        rank the caller may act as (a name only: nothing is opened)."""
+        if self._same_node is None:
+            refuse_shared(self._shard.index)
+        self._same_node.check_pull(segment, lambda rank: self._check_rank(context, rank))
 
     def _shared_push(self, header) -> dict:
         """Same node: the tensors, copied out of the worker's segment (checked there)."""

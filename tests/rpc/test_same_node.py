@@ -299,8 +299,10 @@ def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster, m
     segment = str(clients[0]._segments[0].pull_name)  # worker 0's
     pull = raw_pull(channel, method)
     request = pb.PullRequest(min_version=0, timeout_s=5, segment=segment)
+    # Refused before the wait for a version that never comes (else DEADLINE_EXCEEDED).
+    future = pb.PullRequest(min_version=5, timeout_s=5, segment=segment)
     with pytest.raises(grpc.RpcError) as info:
-        pull(request, metadata=bearer(worker_token(secret, 1)))
+        pull(future, metadata=bearer(worker_token(secret, 1)))
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     (reply,) = pull(request, metadata=bearer(worker_token(secret, 0)))
     assert pb.PullReply.FromString(reply).header.shared  # written into worker 0's own
