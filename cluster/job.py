@@ -53,6 +53,7 @@ from towerps.workers.faults import Faults
 FINAL_PULL_TIMEOUT_S = 60.0
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
 PLACEMENT_FILE = "placement.json"  # where every actor of the run is now
+BUNDLE_CHECK_S = 1.0  # how often a starting replacement asks whether its bundle's node is lost
 
 
 @dataclass(frozen=True, eq=False)
@@ -266,7 +267,10 @@ class Job:
         actor = ShardActor.options(**options).remote(k)
         self.shards[k] = actor
         spec = dataclasses.replace(self._shard_checkpoints_spec, resume_version=version)
-        record = get([actor.start.remote({}, checkpoints=spec, **self._shard_args)])[0]
+        started = actor.start.remote({}, checkpoints=spec, **self._shard_args)
+        record = (get([started])[0] if node_id is not None else get_in_bundle(
+            started, actor, self.reservation, self.reservation.layout.shard_bundle[k],
+            f"shard {k}'s replacement"))
         if rows is not None:  # before any worker learns its address
             get([actor.set_workers.remote(rows)])
         self.addresses = (*self.addresses[:k], record["address"], *self.addresses[k + 1:])
@@ -303,8 +307,10 @@ class Job:
             actor = WorkerActor.options(**self.reservation.worker_options(rank)).remote(
                 rank, self.config.verbose)
             self.workers[rank] = actor
-            record = get([actor.setup.remote(spec, job, inputs[rank],
-                                             self.security.worker(rank))])[0]
+            record = get_in_bundle(
+                actor.setup.remote(spec, job, inputs[rank], self.security.worker(rank)),
+                actor, self.reservation, self.reservation.worker_bundle(rank),
+                f"worker {rank}'s replacement")
         self.records = [r for r in self.records if (r["role"], r["index"]) != ("worker", rank)]
         self.records.append(record)
         self._write_placement()
@@ -438,6 +444,18 @@ def get(refs: list) -> list:
         raise ActorFailed(_one_line(err)) from err
     except ray.exceptions.RayActorError as err:
         raise ActorDied(f"an actor of this job died: {err}") from None
+
+
+def get_in_bundle(ref, actor, reservation: Reservation, bundle: int, what: str):
+    """get([ref])[0] for a call to a new `actor` asked into placement `bundle`:
+    while it waits, an ActorDied (the actor killed) as soon as the bundle's
+    node is lost. A replacement asked in just before Ray declares its node
+    dead may otherwise wait for the bundle for ever."""
+    while not ray.wait([ref], timeout=BUNDLE_CHECK_S)[0]:
+        if reservation.bundle_lost(bundle):
+            ray.kill(actor)
+            raise ActorDied(f"{what}: its placement bundle's node was lost while it started")
+    return get([ref])[0]
 
 
 def _one_line(err: ray.exceptions.RayTaskError) -> str:

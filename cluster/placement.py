@@ -245,6 +245,17 @@ class Reservation:
         old, self._worker_bundle[rank] = self._worker_bundle[rank], bundle
         return old
 
+    def bundle_lost(self, bundle: int) -> bool:
+        """Whether `bundle` sits on no node Ray counts alive: its node was lost
+        and Ray has not placed it elsewhere (it may never: the surviving
+        nodes' resources are the other bundles'). An actor asked into such a
+        bundle waits for it, and Ray does not always fail it."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        node = placement_group_table(self._group)["bundles_to_node_id"].get(bundle)
+        return not node or node not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
     def _strategy(self, bundle: int) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -78,13 +78,14 @@ class Spares:
 
         Blocks until that spare is warm (it may still be warming) and has
         taken over; starts the next spare in the freed bundle without waiting."""
-        from towerps.cluster.job import get
+        from towerps.cluster.job import get, get_in_bundle
 
         self._note_ready()
         while self._pool:
             spare = self._pool.popleft()
             try:
-                get([spare.warming])
+                get_in_bundle(spare.warming, spare.actor, self.job.reservation, spare.bundle,
+                              f"spare {spare.index}")
                 record = get([spare.actor.take_over.remote(spec, job, inputs, credentials)])[0]
             except ActorDied:  # killed, or its node lost: a spare there might never start
                 log.warning("spare %d died before it was needed", spare.index)
