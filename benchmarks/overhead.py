@@ -19,6 +19,14 @@ after `--warmup-steps`, towerps' is read from the shard's own step log
 (metrics.jsonl, a record every `--log-every` steps as by default) from the
 first record at or after step `--warmup-steps` to the end, so actor start-up
 and the final evaluation are not counted. Goal: towerps >= 0.9 x keras.
+
+Each round also times, in this process, the two halves of a sync step that
+run one after the other, the worker's gradients and the shard's optimizer
+update (`serial_parts`), and records their `ceiling`: keras' step time over
+their sum, what towerps could reach if moving the tensors and waiting cost
+nothing. The gap between the ratio and the ceiling is towerps' own cost;
+the gap between the ceiling and 1 is the design's (the update does not
+overlap the gradients, and runs in numpy on one core).
 CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
 at CIFAR-10's cropped shape (24x24x3), which costs the same to train on.
@@ -94,6 +102,35 @@ def keras_rate(args, dataset, model) -> float:
     return args.steps * batch / (time.perf_counter() - t0)
 
 
+def serial_parts(args, dataset, tower, optimizer) -> dict:
+    """Seconds per step of the two halves of a sync step, which run one after
+    the other (the worker waits for the update; the shard, for the
+    gradients), timed here in one process on the same batches as Keras:
+
+      worker_s   the worker's half: set the pulled weights, read the batch,
+                 compute the gradients (`Tower`, as a worker actor runs it);
+      update_s   the shard's optimizer update of the same variables (numpy,
+                 `towerps.ps.optimizers`, as a shard runs it).
+
+    With nothing else (no transport, no copies, no waiting),
+    keras_s / (worker_s + update_s) is the most a 1-worker, 1-shard run can
+    reach against Keras: the `ceiling` of each round."""
+    batch, trainable = args.batch_size, set(tower.trainable_names)
+    params = tower.get_weights()
+    worker_s = update_s = 0.0
+    for step in range(args.warmup_steps + args.steps):
+        t0 = time.perf_counter()
+        tower.set_weights(params)
+        x, y = dataset.train_batch(step, 0, batch, slice(0, batch))
+        grads, _ = tower.compute_gradients(x, y)
+        t1 = time.perf_counter()
+        optimizer.apply(params, {n: g for n, g in grads.items() if n in trainable})
+        t2 = time.perf_counter()
+        if step >= args.warmup_steps:
+            worker_s, update_s = worker_s + t1 - t0, update_s + t2 - t1
+    return {"worker_s": worker_s / args.steps, "update_s": update_s / args.steps}
+
+
 def transports(args) -> list[str]:
     """The variants measured: the --same-node-transport list (default:
     TrainConfig's), each crossed with the --push-pull list when one is given
@@ -167,6 +204,10 @@ def main(argv=None) -> dict:
     budget = common.Budget(args.budget_s)
     dataset_name, dataset = load_data(args)
     model = keras_model(args, dataset)
+    from towerps.ps.optimizers import make_optimizer
+    from towerps.workers.tower import Tower
+
+    tower, optimizer = Tower(keras_model(args, dataset)), make_optimizer(args.optimizer)
 
     rounds, kinds = [], transports(args)
     with common.local_ray(num_cpus=4), tempfile.TemporaryDirectory() as tmp:
@@ -175,6 +216,8 @@ def main(argv=None) -> dict:
             if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
                 break
             keras_ex_s = keras_rate(args, dataset, model)
+            parts = serial_parts(args, dataset, tower, optimizer)
+            keras_s = args.batch_size / keras_ex_s
             runs = {t: towerps_rate(args, dataset_name, os.path.join(tmp, f"r{r}-{t}"), t)
                     for t in in_turns(kinds, r)}
             towerps_ex_s, summary = runs[kinds[0]]
@@ -182,6 +225,9 @@ def main(argv=None) -> dict:
                 "keras_examples_per_s": keras_ex_s,
                 "towerps_examples_per_s": towerps_ex_s,
                 "ratio": towerps_ex_s / keras_ex_s if towerps_ex_s else None,
+                "keras_step_s": keras_s,
+                "serial_parts_s": parts,
+                "ceiling": keras_s / (parts["worker_s"] + parts["update_s"]),
                 "towerps_startup_s": summary.startup_s,
                 "towerps_worker_time_s": summary["worker_time_s"],  # as in summary.json
                 "towerps_wire_bytes_per_step": summary.wire_bytes_per_step,
@@ -195,6 +241,7 @@ def main(argv=None) -> dict:
     towerps_med = common.median(r["towerps_examples_per_s"] for r in rounds)
     ratio = towerps_med / keras_med if towerps_med and keras_med else None
     ratio_med = common.median(r["ratio"] for r in rounds)
+    ceiling = common.median(r["ceiling"] for r in rounds)
     goals = [common.goal("towerps (1 worker, 1 shard) / single-process Keras, examples/s",
                          ratio, 0.9)]
     by_transport = {t: {
@@ -205,7 +252,8 @@ def main(argv=None) -> dict:
         figures["ratio"] = figures["examples_per_s"] / keras_med if keras_med else None
     summary = (f"{args.model} batch {args.batch_size}: single-process Keras {keras_med:,.0f} ex/s, "
                f"towerps 1 worker + 1 shard {towerps_med:,.0f} ex/s ({kinds[0]}), ratio "
-               f"{ratio:.2f} (goal >= 0.9) over {len(rounds)} alternating rounds")
+               f"{ratio:.2f} (goal >= 0.9) over {len(rounds)} alternating rounds; the serial "
+               f"parts alone allow {ceiling:.2f}")
     if len(kinds) > 1:
         summary += "; by same-node transport: " + ", ".join(
             f"{t} {f['examples_per_s']:,.0f} ex/s ({f['ratio']:.2f})"
@@ -218,7 +266,10 @@ def main(argv=None) -> dict:
                 "rounds_asked": args.rounds,
                 "same_node_transports": kinds, "push_pull": args.push_pull},
         figures={"keras_examples_per_s": keras_med, "towerps_examples_per_s": towerps_med,
-                 "ratio": ratio, "median_of_round_ratios": ratio_med,
+                 "ratio": ratio, "median_of_round_ratios": ratio_med, "ceiling": ceiling,
+                 "serial_parts_s": {k: common.median(r["serial_parts_s"][k] for r in rounds)
+                                    for k in ("worker_s", "update_s")},
+                 "keras_step_s": common.median(r["keras_step_s"] for r in rounds),
                  "by_transport": by_transport, "rounds": rounds},
     )
 

@@ -33,6 +33,10 @@ def test_overhead(tmp_path):
     assert figures["keras_examples_per_s"] > 0 and figures["towerps_examples_per_s"] > 0
     assert figures["ratio"] == pytest.approx(
         figures["towerps_examples_per_s"] / figures["keras_examples_per_s"])
+    parts = figures["serial_parts_s"]
+    assert parts["worker_s"] > 0 and parts["update_s"] > 0
+    assert figures["ceiling"] == pytest.approx(
+        figures["keras_step_s"] / (parts["worker_s"] + parts["update_s"]))
 
 
 def test_transport(tmp_path):
