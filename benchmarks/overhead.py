@@ -23,10 +23,13 @@ and the final evaluation are not counted. Goal: towerps >= 0.9 x keras.
 Each round also times, in this process, the two halves of a sync step that
 run one after the other, the worker's gradients and the shard's optimizer
 update (`serial_parts`), and records their `ceiling`: keras' step time over
-their sum, what towerps could reach if moving the tensors and waiting cost
-nothing. The gap between the ratio and the ceiling is towerps' own cost;
-the gap between the ceiling and 1 is the design's (the update does not
-overlap the gradients, and runs in numpy on one core).
+their sum, an estimate of what towerps could reach if moving the tensors
+and waiting cost nothing. It is measured at another moment than the run,
+so it moves with the machine's load as the ratio does (a round's ratio can
+come out above its ceiling); compare the median of the rounds' ceilings
+(`ceiling`) with the median of their ratios (`median_of_round_ratios`).
+The gap between the two is towerps' own cost: moving the tensors, and the
+compute the run's other processes take from the worker.
 CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
 at CIFAR-10's cropped shape (24x24x3), which costs the same to train on.
@@ -112,9 +115,9 @@ def serial_parts(args, dataset, tower, optimizer) -> dict:
       update_s   the shard's optimizer update of the same variables (numpy,
                  `towerps.ps.optimizers`, as a shard runs it).
 
-    With nothing else (no transport, no copies, no waiting),
-    keras_s / (worker_s + update_s) is the most a 1-worker, 1-shard run can
-    reach against Keras: the `ceiling` of each round."""
+    With nothing else (no transport, no copies, no waiting), a 1-worker,
+    1-shard run would reach about keras_s / (worker_s + update_s) of Keras:
+    the round's `ceiling`."""
     batch, trainable = args.batch_size, set(tower.trainable_names)
     params = tower.get_weights()
     worker_s = update_s = 0.0
@@ -253,7 +256,8 @@ def main(argv=None) -> dict:
     summary = (f"{args.model} batch {args.batch_size}: single-process Keras {keras_med:,.0f} ex/s, "
                f"towerps 1 worker + 1 shard {towerps_med:,.0f} ex/s ({kinds[0]}), ratio "
                f"{ratio:.2f} (goal >= 0.9) over {len(rounds)} alternating rounds; the serial "
-               f"parts alone allow {ceiling:.2f}")
+               f"parts alone would allow about {ceiling:.2f} (median of the rounds; their "
+               f"ratios' median {ratio_med:.2f})")
     if len(kinds) > 1:
         summary += "; by same-node transport: " + ", ".join(
             f"{t} {f['examples_per_s']:,.0f} ex/s ({f['ratio']:.2f})"

@@ -111,6 +111,7 @@ class Job:
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
         self.spares: Spares | None = None  # warm workers that take a dead one's rank
         self.lost_ranks: set[int] = set()  # workers whose node was lost; not replaced
+        self._off_group: set[int] = set()  # shards started outside the group (node lost)
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
         # The same-node transport's segments are named by this (src/towerps/shm.py).
         self.segment_prefix = new_run_prefix() if config.same_node_transport == "shm" else None
@@ -261,7 +262,12 @@ class Job:
         """A new actor for dead shard k in its placement bundle (or, its node
         lost, outside the group on node `node_id`), started from its part of
         checkpoint `version`, with `rows` (Shard.set_workers) if given; blocks
-        until it serves."""
+        until it serves. A shard already moved out of the group by a node loss
+        starts outside it again: its bundle is on the lost node."""
+        if node_id is None and k in self._off_group:
+            node_id = self.surviving_node()
+        if node_id is not None:
+            self._off_group.add(k)
         options = (self.reservation.shard_options(k) if node_id is None
                    else self.reservation.shard_options_on(node_id))
         actor = ShardActor.options(**options).remote(k)

@@ -197,7 +197,9 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                             if report.generation < supervisor.generation
                             and report.rank not in supervisor.job.lost_ranks]:
                     rank = done.pop(ref).rank
-                    pending[supervisor.run_again(rank)] = rank
+                    again = supervisor.run_again(rank)
+                    if again is not None:  # None: its node was lost meanwhile
+                        pending[again] = rank
             # Shards brought back by a worker's death, or a failed status call.
             back = supervisor.take_moved() if supervisor is not None else None
             if back is None:

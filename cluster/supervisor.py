@@ -119,13 +119,7 @@ class Supervisor:
             return ShardsBack(client)  # the failure passed (a slow answer): ask again
         # The ping may have waited until Ray declared the shard's node dead.
         if not self.nodes.recover(self, max(seen, newest), noticed):
-            try:
-                self._recover_shards(dead, max(seen, newest), noticed)
-            except ActorDied:
-                # Ray reported the actor's death before its node's: the replacement,
-                # asked into the lost node's bundle, was cancelled. Recover the node.
-                if not self.nodes.recover(self, max(seen, newest), noticed):
-                    raise
+            self._recover_shards_or_node(dead, max(seen, newest), noticed)
         return self.take_moved() or ShardsBack(client)
 
     def shards_moved(self, version: int, replaced) -> None:
@@ -185,7 +179,7 @@ class Supervisor:
         dead, newest = self.ping_shards()
         seen = max(seen, newest)
         if dead:  # a shard died too: its recovery takes every worker back
-            start = self._recover_shards(dead, seen, noticed)
+            start = self._recover_shards_or_node(dead, seen, noticed)
             rolled_back = True
         else:
             key = 0 if job.config.mode.aggregates else 1  # sync: last step; else: clock
@@ -212,7 +206,9 @@ class Supervisor:
         """Worker `rank`'s `run` ended without going on from the latest rollback
         (its WorkerReport's generation is older): start it
         again from the rollback's version (in a replacement if its actor is
-        dead) and return the call's ObjectRef. Blocks until it is started."""
+        dead) and return the call's ObjectRef; None when its node was lost
+        meanwhile (the others take its rows over from the node's recovery).
+        Blocks until it is started."""
         job, target = self.job, self.last_redirect
         try:
             ray.get(job.workers[rank].progress.remote(), timeout=PING_TIMEOUT_S)
@@ -221,11 +217,27 @@ class Supervisor:
             log.warning("worker %d, whose run had ended, is gone: a new one takes its rank",
                         rank)
             ray.kill(job.workers[rank])
-            spare = job.replace_worker(rank)
+            try:
+                spare = job.replace_worker(rank)
+            except ActorDied:  # its bundle's node is lost, and the rank with it
+                if not self.nodes.recover(self, target.version, noticed):
+                    raise
+                return None
             self.recoveries.append(Recovery("worker", rank, target.version, target.version, 0,
                                             noticed, time.time() - noticed, spare=spare))
         data_step = target.data_steps[rank] if target.data_steps else None
         return job.workers[rank].run.remote(target.version, data_step, self.generation)
+
+    def _recover_shards_or_node(self, dead: list[int], seen: int, noticed: float) -> int:
+        """`_recover_shards`, or, when a replacement's bundle turns out to be on
+        a lost node (Ray reported the shard's death before its node's), that
+        node's recovery; returns the checkpoint every shard went back to."""
+        try:
+            return self._recover_shards(dead, seen, noticed)
+        except ActorDied:
+            if not self.nodes.recover(self, seen, noticed):
+                raise
+            return self.last_redirect.version
 
     def _recover_shards(self, dead: list[int], seen: int, noticed: float) -> int:
         """Dead shards replaced from the latest complete checkpoint, every other

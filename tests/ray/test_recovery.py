@@ -256,12 +256,19 @@ def test_ssp_and_async_recover_a_worker_dying_in_a_push_and_a_killed_shard_witho
     assert summary.examples == steps * 96
 
 
+RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # their process titles
+RAY_AGENT_SCRIPTS = ("dashboard/agent.py", "runtime_env/agent/main.py")  # before they set them
+
+
 def ray_agent(pid: int) -> bool:
-    """Whether process `pid` is one of Ray's per-node agents (dashboard, runtime env)."""
+    """Whether process `pid` is one of Ray's per-node agents (dashboard, runtime
+    env); not the raylet or the GCS, whose flags name the agents too."""
     try:
-        return "agent" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").lower()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
+    return argv[0].strip().startswith(RAY_AGENTS) or any(
+        a.endswith(RAY_AGENT_SCRIPTS) for a in argv[1:3])
 
 
 def segments_of(run_dir) -> list[str]:
