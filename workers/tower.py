@@ -40,6 +40,8 @@ class Tower:
         self._travelling = self.variables.all
         self._loss = _resolve_loss(model, loss)
         self._grad_fn = None  # traced at the first batch, for any batch size
+        # Every assignment in one call: one dispatch per step, not one per variable.
+        self._assign_fn = tf.function(self._assign_all)
 
     @property
     def variable_names(self) -> list[str]:
@@ -61,15 +63,24 @@ class Tower:
         return {n: np.asarray(v.numpy(), dtype=np.float32) for n, v in self._travelling.items()}
 
     def set_weights(self, params: Mapping[str, np.ndarray]) -> None:
-        """Assign every travelling variable; `params` must name each one exactly."""
+        """Assign every travelling variable; `params` must name each one exactly,
+        in its shape. All or nothing: a wrong `params` raises BadTensor first."""
         if set(params) != set(self._travelling):
             raise BadTensor(
                 "parameters do not match the model: missing "
                 f"{sorted(set(self._travelling) - set(params))}, "
                 f"unknown {sorted(set(params) - set(self._travelling))}"
             )
-        for name, variable in self._travelling.items():
-            variable.assign(params[name])
+        wrong = [f"{name}: {np.shape(params[name])} for {tuple(variable.shape)}"
+                 for name, variable in self._travelling.items()
+                 if np.shape(params[name]) != tuple(variable.shape)]
+        if wrong:
+            raise BadTensor(f"parameters of the wrong shape (nothing was set): {wrong[:5]}")
+        self._assign_fn([params[name] for name in self._travelling])
+
+    def _assign_all(self, values) -> None:
+        for variable, value in zip(self._travelling.values(), values):
+            variable.assign(value)
 
     def _gradients(self, x, y):
         with tf.device(self.device):

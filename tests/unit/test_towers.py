@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.unit.fresh import run_fresh
-from towerps.errors import ConfigError
+from towerps.errors import BadTensor, ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.workers.faults import Faults
@@ -77,6 +77,23 @@ def test_set_weights_reaches_every_replica(data):
     group.set_weights(params)
     for tower in group.towers:
         assert all(np.all(w == 0.25) for w in tower.get_weights().values())
+
+
+def test_set_weights_is_all_or_nothing_and_takes_narrow_floats(data):
+    """One tf.function assigns every variable: a wrong shape anywhere sets none
+    of them; a float16 pull (a compact wire dtype) is widened as before."""
+    tower = Tower(make_model(data)())
+    before = tower.get_weights()
+    names = list(before)
+    bad = {n: np.full_like(w, 0.5) for n, w in before.items()}
+    bad[names[-1]] = np.zeros((3, 3), np.float32)
+    with pytest.raises(BadTensor, match=rf"wrong shape.*{names[-1]}.*\(3, 3\)"):
+        tower.set_weights(bad)
+    for name, value in tower.get_weights().items():
+        np.testing.assert_array_equal(value, before[name])
+    half = {n: np.full(w.shape, 0.5, np.float16) for n, w in before.items()}
+    tower.set_weights(half)
+    assert all(np.all(w == 0.5) and w.dtype == np.float32 for w in tower.get_weights().values())
 
 
 def test_rows_split_contiguously_with_at_least_one_row_per_tower(data):
