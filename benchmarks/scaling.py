@@ -15,10 +15,17 @@ workers and K = 1, 2, 4 shards: the step time (from shard 0's own step log,
 after `--warmup-steps`) and the scaling efficiency step(1, K) / step(N, K).
 
 The cost model beside it has inputs measured first in the same run, with
-1 worker, 1 shard and T = 0, and the machine's core count C:
+1 worker and 1 shard, and the machine's core count C. The calibration
+steps wait T between a pull and a push, as the configurations' steps do:
+a step after a 100 ms wait has cost more CPU than steps run back to back
+in every run so far (1.1-1.4x; threads woken from sleep and cold caches
+are the likely reason), and the model would otherwise count the cheaper
+kind (`cpu_s_per_step_back_to_back` records it beside the rest). So the
+per-call CPU b below also holds what the two processes burn while they
+wait (Ray's and gRPC's own threads). Its inputs:
 
-  alpha      per-message latency: half the step time of a 1 KB model (a
-             step is one pull and one push);
+  alpha      per-message latency: half of what a 1 KB model's step takes
+             beyond T (a step is one pull and one push);
   b_s, b_w   CPU seconds per RPC pair (a pull and a push) in the shard and
              in the worker, from /proc and the actor's process time during
              the 1 KB model's steps: the fixed cost of a call, paid once per
@@ -31,7 +38,7 @@ The cost model beside it has inputs measured first in the same run, with
              cores: its Python is serialised by the GIL, but the copies,
              sums and gRPC's C core are not (`shard_cpu_s_per_step` of
              each configuration says how much of a core its shards took);
-  g_K        contention: with 1 worker, T = 0 and the real model, the CPU
+  g_K        contention: with 1 worker and the real model, the CPU
              per step measured against K shards over what b and c count
              for it (1 at K = 1, and never below 1: a reading below the
              count is noise). The same bytes split over K processes on
@@ -39,7 +46,8 @@ The cost model beside it has inputs measured first in the same run, with
              time slices beside the others, so each switch finds cold
              caches, and more threads wake per step. Measured per K at
              N = 1, it multiplies every CPU cost at that K; the N > 1
-             configurations are predicted from it, not fitted to.
+             configurations are predicted from it, not fitted to (the
+             N = 1 ones repeat the calibration's own runs, shorter).
 
 A sync step moves S bytes each way per worker, N S / K per shard, so
 
@@ -77,7 +85,7 @@ def add_flags(parser) -> None:
     add("--shards", default="1,2,4", help="shard counts K (default %(default)s)")
     add("--model-mb", type=float, default=26.2144, help="model size, MB (default 25 MiB)")
     add("--compute-ms", type=float, default=100.0, help="the simulated compute T per step")
-    add("--steps", type=int, default=10, help="timed steps per configuration")
+    add("--steps", type=int, default=20, help="timed steps per configuration")
     add("--warmup-steps", type=int, default=3)
 
 
@@ -211,18 +219,23 @@ def main(argv=None) -> dict:
 
     with common.local_ray(num_cpus=max(workers) + max(shards)):
         bench = Bench(max(workers), max(shards))
-        # Calibration: 1 worker, 1 shard, no compute; a 1 KB model, then the real one.
-        # More steps than a configuration: /proc counts other processes' CPU in 10 ms ticks.
+        # Calibration: 1 worker, 1 shard, the configurations' T; a 1 KB model, then
+        # the real one. More steps than a configuration: /proc counts other
+        # processes' CPU in 10 ms ticks.
         cal_steps = max(total_steps, CALIBRATION_STEPS)
-        tiny = bench.step_times({"w": (256,)}, 1, 1, 0.0, cal_steps)
-        big = bench.step_times(shapes, 1, 1, 0.0, cal_steps)
-        alpha = timed(tiny["step_s"]) / 2
-        big_step = timed(big["step_s"])
+        tiny = bench.step_times({"w": (256,)}, 1, 1, compute_s, cal_steps)
+        big = bench.step_times(shapes, 1, 1, compute_s, cal_steps)
+        alpha = max(0.0, timed(tiny["step_s"]) - compute_s) / 2
+        big_step = timed(big["step_s"]) - compute_s  # beyond T
+        # The same work with no wait between steps, for comparison only.
+        back_to_back = bench.step_times(shapes, 1, 1, 0.0, cal_steps)
         # Per step: one call pair of the 1 KB model; the real model's bytes, net of its calls.
         b_s, b_w = tiny["shard_cpu_s"] / cal_steps, tiny["worker_cpu_s"] / cal_steps
         big_s, big_w = big["shard_cpu_s"] / cal_steps, big["worker_cpu_s"] / cal_steps
-        cal = {"alpha_s": alpha, "step_1kb_s": 2 * alpha, "step_model_s": big_step,
-               "steps": cal_steps,
+        cal = {"compute_s": compute_s, "alpha_s": alpha, "step_1kb_s": 2 * alpha,
+               "step_model_s": big_step, "steps": cal_steps,
+               "cpu_s_per_step_back_to_back":
+                   (back_to_back["shard_cpu_s"] + back_to_back["worker_cpu_s"]) / cal_steps,
                "pair_bytes_per_s": 2 * nbytes / max(big_step - 2 * alpha, 1e-9),
                "shard_cpu_s_per_call_pair": b_s, "worker_cpu_s_per_call_pair": b_w,
                "shard_cpu_s_per_byte": net_cpu_per_byte(big_s, b_s, nbytes),
@@ -233,7 +246,7 @@ def main(argv=None) -> dict:
         # cold caches after every switch, and more threads waking per step.
         cal["cpu_s_per_step_1_worker"], cal["contention"] = {}, {}
         for k in shards:
-            run = big if k == 1 else bench.step_times(shapes, 1, k, 0.0, cal_steps)
+            run = big if k == 1 else bench.step_times(shapes, 1, k, compute_s, cal_steps)
             cpu = (run["shard_cpu_s"] + run["worker_cpu_s"]) / cal_steps
             cal["cpu_s_per_step_1_worker"][str(k)] = cpu
             counted = step_cpu(cal, 1, k, nbytes, contention=False)

@@ -75,7 +75,10 @@ def test_scaling(tmp_path):
     for c in configs.values():
         assert c["step_s"] > 0 and c["predicted_step_s"] > 0
     assert configs[(1, 1)]["efficiency"] == 1.0
-    assert figures["calibration"]["alpha_s"] > 0
+    calibration = figures["calibration"]
+    # Calibrated as the configurations run: T (--tiny: 10 ms) between pull and push.
+    assert calibration["compute_s"] == pytest.approx(0.01)
+    assert calibration["alpha_s"] > 0 and calibration["cpu_s_per_step_back_to_back"] > 0
 
 
 def test_peers(tmp_path):
