@@ -28,8 +28,20 @@ and waiting cost nothing. It is measured at another moment than the run,
 so it moves with the machine's load as the ratio does (a round's ratio can
 come out above its ceiling); compare the median of the rounds' ceilings
 (`ceiling`) with the median of their ratios (`median_of_round_ratios`).
-The gap between the two is towerps' own cost: moving the tensors, and the
-compute the run's other processes take from the worker.
+The gap between the two is towerps' own cost: moving the tensors, and
+whatever slows the worker's compute inside a run.
+
+Whether the transport slows the compute after it is measured apart,
+paired, since this machine's speed drifts by a quarter within an hour and
+timings taken minutes apart cannot tell (`paired`): one actor holds a
+`Tower` and a client of a real shard actor and steps as a worker does: a
+PushPull to the shard (the first transport of `--same-node-transport`),
+then set the pulled weights, read the next batch and compute its gradients;
+after each such step it does the same compute again at once (the same
+weights and batch) with no transport before it. Per pair, the difference of
+the two computes; its median (`compute_diff_s`) is what the transport costs
+the compute after it.
+
 CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
 at CIFAR-10's cropped shape (24x24x3), which costs the same to train on.
@@ -45,7 +57,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import ray  # noqa: E402
+
 from benchmarks import _common as common  # noqa: E402
+
+PAIRED_STEPS = 60  # step pairs of `paired` per round (at most --steps)
 
 
 def add_flags(parser) -> None:
@@ -132,6 +148,79 @@ def serial_parts(args, dataset, tower, optimizer) -> dict:
         if step >= args.warmup_steps:
             worker_s, update_s = worker_s + t1 - t0, update_s + t2 - t1
     return {"worker_s": worker_s / args.steps, "update_s": update_s / args.steps}
+
+
+@ray.remote(num_cpus=1)
+class PairedSteps:
+    """A worker's step in an actor, each followed by the same compute without the transport."""
+
+    def run(self, args, address: str, prefix: str | None, pairs: int) -> dict:
+        import statistics
+
+        from towerps.ps.placement import plan_placement
+        from towerps.workers.client import PSClient
+        from towerps.workers.same_node import SameNode
+        from towerps.workers.tower import Tower
+
+        _, dataset = load_data(args)
+        tower = Tower(keras_model(args, dataset))
+        plan = plan_placement({n: tuple(v.shape) for n, v in tower.variables.all.items()}, 1)
+        same_node = SameNode(prefix, 0, (0,)) if prefix else None
+        batch, times = args.batch_size, {k: [] for k in ("after", "alone", "push_pull", "set")}
+
+        def compute(step: int, weights) -> tuple:
+            """Set `weights`, read batch `step`, compute: (grads, loss, set s, the rest s)."""
+            t0 = time.perf_counter()
+            tower.set_weights(weights)
+            t1 = time.perf_counter()
+            x, y = dataset.train_batch(step, 0, batch, slice(0, batch))
+            grads, loss = tower.compute_gradients(x, y)
+            return grads, loss, t1 - t0, time.perf_counter() - t1
+
+        with PSClient([address], plan, same_node=same_node) as client:
+            _, params = client.pull(min_version=0, timeout_s=60.0)
+            grads, loss, _, _ = compute(0, params)
+            for step in range(args.warmup_steps + pairs):
+                t0 = time.perf_counter()
+                _, _, params = client.push_pull(0, step, grads, batch, loss, 60.0)
+                push_pull_s = time.perf_counter() - t0
+                # As a worker steps: the pulled weights, then the next batch's gradients...
+                grads, loss, set_s, after_s = compute(step + 1, params)
+                # ...and the same again at once, with no transport before it (the
+                # same weights too: how long a compute takes depends on them).
+                _, _, _, alone_s = compute(step + 1, params)
+                if step >= args.warmup_steps:
+                    for key, seconds in (("after", after_s), ("alone", alone_s),
+                                         ("push_pull", push_pull_s), ("set", set_s)):
+                        times[key].append(seconds)
+        diffs = [a - b for a, b in zip(times["after"], times["alone"])]
+        return {"pairs": pairs, "compute_alone_s": statistics.median(times["alone"]),
+                "compute_after_push_pull_s": statistics.median(times["after"]),
+                "compute_diff_s": statistics.median(diffs),
+                "push_pull_s": statistics.median(times["push_pull"]),
+                "set_weights_s": statistics.median(times["set"])}
+
+
+def paired(args, initial: dict, kind: str) -> dict:
+    """`PairedSteps` against a shard actor of `initial` (the `paired` figures)."""
+    from towerps.cluster.actors import ShardActor
+    from towerps.ps.optimizers import DEFAULT_LR
+    from towerps.shm import new_run_prefix, sweep
+
+    shm = variant_fields(kind).get("same_node_transport") == "shm"
+    prefix = new_run_prefix() if shm else None
+    shard, actor = ShardActor.options(num_cpus=1).remote(0), PairedSteps.remote()
+    try:
+        address = ray.get(shard.start.remote(initial, args.optimizer, DEFAULT_LR[args.optimizer],
+                                             1, same_node=prefix))["address"]
+        figures = ray.get(actor.run.remote(args, address, prefix, min(args.steps, PAIRED_STEPS)))
+        return {"transport": kind, **figures}
+    finally:
+        ray.get(shard.stop.remote())
+        for handle in (actor, shard):
+            ray.kill(handle)
+        if prefix:
+            sweep(prefix)
 
 
 def transports(args) -> list[str]:
@@ -224,12 +313,14 @@ def main(argv=None) -> dict:
             runs = {t: towerps_rate(args, dataset_name, os.path.join(tmp, f"r{r}-{t}"), t)
                     for t in in_turns(kinds, r)}
             towerps_ex_s, summary = runs[kinds[0]]
+            pair = paired(args, tower.get_weights(), kinds[0])
             rounds.append({
                 "keras_examples_per_s": keras_ex_s,
                 "towerps_examples_per_s": towerps_ex_s,
                 "ratio": towerps_ex_s / keras_ex_s if towerps_ex_s else None,
                 "keras_step_s": keras_s,
                 "serial_parts_s": parts,
+                "paired": pair,
                 "ceiling": keras_s / (parts["worker_s"] + parts["update_s"]),
                 "towerps_startup_s": summary.startup_s,
                 "towerps_worker_time_s": summary["worker_time_s"],  # as in summary.json
@@ -258,6 +349,11 @@ def main(argv=None) -> dict:
                f"{ratio:.2f} (goal >= 0.9) over {len(rounds)} alternating rounds; the serial "
                f"parts alone would allow about {ceiling:.2f} (median of the rounds; their "
                f"ratios' median {ratio_med:.2f})")
+    pair = {k: common.median(r["paired"][k] for r in rounds)
+            for k in ("compute_alone_s", "compute_diff_s")}
+    summary += (f"; paired in one actor, a compute right after a PushPull took "
+                f"{pair['compute_diff_s'] * 1e3:+.1f} ms against one without "
+                f"({pair['compute_alone_s'] * 1e3:.1f} ms)")
     if len(kinds) > 1:
         summary += "; by same-node transport: " + ", ".join(
             f"{t} {f['examples_per_s']:,.0f} ex/s ({f['ratio']:.2f})"
@@ -274,6 +370,9 @@ def main(argv=None) -> dict:
                  "serial_parts_s": {k: common.median(r["serial_parts_s"][k] for r in rounds)
                                     for k in ("worker_s", "update_s")},
                  "keras_step_s": common.median(r["keras_step_s"] for r in rounds),
+                 "paired": {k: common.median(r["paired"][k] for r in rounds)
+                            for k in ("compute_alone_s", "compute_after_push_pull_s",
+                                      "compute_diff_s", "push_pull_s", "set_weights_s")},
                  "by_transport": by_transport, "rounds": rounds},
     )
 

@@ -41,6 +41,13 @@ def test_overhead(tmp_path):
             r["keras_step_s"] / (parts["worker_s"] + parts["update_s"]))
     assert figures["ceiling"] == pytest.approx(
         statistics.median(r["ceiling"] for r in figures["rounds"]))
+    for r in figures["rounds"]:  # the paired steps: with and without the transport
+        pair = r["paired"]
+        assert pair["pairs"] == 6 and pair["transport"] == "shm"
+        assert pair["compute_alone_s"] > 0 and pair["compute_after_push_pull_s"] > 0
+        assert pair["push_pull_s"] > 0 and pair["set_weights_s"] > 0
+    assert figures["paired"]["compute_diff_s"] == pytest.approx(
+        statistics.median(r["paired"]["compute_diff_s"] for r in figures["rounds"]))
 
 
 def test_transport(tmp_path):
