@@ -175,6 +175,16 @@ def cpu_seconds(pid: int | str = "self") -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def minor_faults(pid: int | str = "self") -> int | None:
+    """Minor page faults a process has taken (from /proc/PID/stat): each a page
+    touched for the first time since it was mapped, trapped and zeroed."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except OSError:
+        return None
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for servers that cannot bind port 0 themselves)."""
     with socket.socket() as s:

@@ -211,10 +211,14 @@ def paired(args, initial: dict, kind: str) -> dict:
     prefix = new_run_prefix() if shm else None
     shard, actor = ShardActor.options(num_cpus=1).remote(0), PairedSteps.remote()
     try:
-        address = ray.get(shard.start.remote(initial, args.optimizer, DEFAULT_LR[args.optimizer],
-                                             1, same_node=prefix))["address"]
-        figures = ray.get(actor.run.remote(args, address, prefix, min(args.steps, PAIRED_STEPS)))
-        return {"transport": kind, **figures}
+        record = ray.get(shard.start.remote(initial, args.optimizer, DEFAULT_LR[args.optimizer],
+                                            1, same_node=prefix))
+        pairs = min(args.steps, PAIRED_STEPS)
+        faults = common.minor_faults(record["pid"])
+        figures = ray.get(actor.run.remote(args, record["address"], prefix, pairs))
+        # Page faults of the shard's process per step (the warm-up's included).
+        per_step = (common.minor_faults(record["pid"]) - faults) / (args.warmup_steps + pairs + 1)
+        return {"transport": kind, **figures, "shard_minor_faults_per_step": per_step}
     finally:
         ray.get(shard.stop.remote())
         for handle in (actor, shard):

@@ -115,7 +115,9 @@ def serve_shard(args) -> None:
     """Shard + gRPC server + raw TCP server; prints one JSON line, runs until stdin closes."""
     from towerps.auth import ShardCredentials
     from towerps.ps import Shard, create_server, make_optimizer
+    from towerps.ps.memory import keep_freed_memory
 
+    keep_freed_memory()  # as a shard actor's process does (ps/memory.py)
     variables = tensors_of(args.mb, args.tensor_mb, 0.5)
     shard = Shard(0, variables, make_optimizer("sgd", 1e-3), num_workers=1)
     del variables

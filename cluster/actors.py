@@ -65,6 +65,9 @@ class ShardActor:
     """One PS shard and the gRPC server in front of it, bound to the node's address."""
 
     def __init__(self, index: int):
+        from towerps.ps.memory import keep_freed_memory
+
+        keep_freed_memory()  # before the first step's arrays: see ps/memory.py
         self._index = index
         self._shard = None
         self._server = None
