@@ -216,7 +216,8 @@ def paired(args, initial: dict, kind: str) -> dict:
         pairs = min(args.steps, PAIRED_STEPS)
         faults = common.minor_faults(record["pid"])
         figures = ray.get(actor.run.remote(args, record["address"], prefix, pairs))
-        # Page faults of the shard's process per step (the warm-up's included).
+        # The shard process's page faults per call (its first pull and every
+        # PushPull, the warm-up's included).
         per_step = (common.minor_faults(record["pid"]) - faults) / (args.warmup_steps + pairs + 1)
         return {"transport": kind, **figures, "shard_minor_faults_per_step": per_step}
     finally:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import ray
 
+from benchmarks._common import minor_faults
 from towerps.cluster.actors import ShardActor
 from towerps.ps.placement import plan_placement
 from towerps.shm import new_run_prefix
@@ -20,11 +21,6 @@ from towerps.workers.same_node import SameNode
 pytestmark = [pytest.mark.ray]
 
 SHAPES = {"0": (2304, 384), "1": (384, 192), "2": (5, 5, 64, 64), "3": (192, 10), "4": (384,)}
-
-
-def minor_faults(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 @pytest.mark.parametrize("transport", ["shm", "grpc"])
