@@ -165,24 +165,27 @@ def reset_peak_rss(pid: int | str = "self") -> bool:
         return False
 
 
-def cpu_seconds(pid: int | str = "self") -> float | None:
-    """User + system CPU seconds a process has used (from /proc/PID/stat)."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3 on is index 0 on);
+    None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | str = "self") -> float | None:
+    """User + system CPU seconds a process has used (from /proc/PID/stat)."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def minor_faults(pid: int | str = "self") -> int | None:
     """Minor page faults a process has taken (from /proc/PID/stat): each a page
     touched for the first time since it was mapped, trapped and zeroed."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[7])
-    except OSError:
-        return None
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[7])
 
 
 def free_port() -> int:

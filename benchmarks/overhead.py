@@ -40,7 +40,10 @@ then set the pulled weights, read the next batch and compute its gradients;
 after each such step it does the same compute again at once (the same
 weights and batch) with no transport before it. Per pair, the difference of
 the two computes; its median (`compute_diff_s`) is what the transport costs
-the compute after it.
+the compute after it. The second compute always comes second, into caches
+the first warmed, so the difference errs towards making the transport look
+costly. `shard_minor_faults_per_step`: the shard process's page faults per
+timed step (ps/memory.py says why they matter).
 
 CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
@@ -154,47 +157,56 @@ def serial_parts(args, dataset, tower, optimizer) -> dict:
 class PairedSteps:
     """A worker's step in an actor, each followed by the same compute without the transport."""
 
-    def run(self, args, address: str, prefix: str | None, pairs: int) -> dict:
-        import statistics
-
+    def start(self, args, address: str, prefix: str | None) -> None:
+        """Build the tower and a client of the shard at `address`; pull and compute once."""
         from towerps.ps.placement import plan_placement
         from towerps.workers.client import PSClient
         from towerps.workers.same_node import SameNode
         from towerps.workers.tower import Tower
 
-        _, dataset = load_data(args)
-        tower = Tower(keras_model(args, dataset))
-        plan = plan_placement({n: tuple(v.shape) for n, v in tower.variables.all.items()}, 1)
+        _, self.dataset = load_data(args)
+        self.tower = Tower(keras_model(args, self.dataset))
+        plan = plan_placement({n: tuple(v.shape) for n, v in self.tower.variables.all.items()}, 1)
         same_node = SameNode(prefix, 0, (0,)) if prefix else None
-        batch, times = args.batch_size, {k: [] for k in ("after", "alone", "push_pull", "set")}
+        self.client = PSClient([address], plan, same_node=same_node)
+        self.batch, self.step = args.batch_size, 0
+        self.times = {k: [] for k in ("after", "alone", "push_pull", "set")}
+        _, params = self.client.pull(min_version=0, timeout_s=60.0)
+        self.grads, self.loss, _, _ = self._compute(0, params)
 
-        def compute(step: int, weights) -> tuple:
-            """Set `weights`, read batch `step`, compute: (grads, loss, set s, the rest s)."""
+    def _compute(self, step: int, weights) -> tuple:
+        """Set `weights`, read batch `step`, compute: (grads, loss, set s, the rest s)."""
+        t0 = time.perf_counter()
+        self.tower.set_weights(weights)
+        t1 = time.perf_counter()
+        x, y = self.dataset.train_batch(step, 0, self.batch, slice(0, self.batch))
+        grads, loss = self.tower.compute_gradients(x, y)
+        return grads, loss, t1 - t0, time.perf_counter() - t1
+
+    def steps(self, count: int, timed: bool) -> None:
+        for _ in range(count):
             t0 = time.perf_counter()
-            tower.set_weights(weights)
-            t1 = time.perf_counter()
-            x, y = dataset.train_batch(step, 0, batch, slice(0, batch))
-            grads, loss = tower.compute_gradients(x, y)
-            return grads, loss, t1 - t0, time.perf_counter() - t1
+            _, _, params = self.client.push_pull(0, self.step, self.grads, self.batch, self.loss,
+                                                 60.0)
+            push_pull_s = time.perf_counter() - t0
+            self.step += 1
+            # As a worker steps: the pulled weights, then the next batch's gradients...
+            self.grads, self.loss, set_s, after_s = self._compute(self.step, params)
+            # ...and the same again at once, with no transport before it (the
+            # same weights too: how long a compute takes may depend on them).
+            _, _, _, alone_s = self._compute(self.step, params)
+            if timed:
+                for key, seconds in (("after", after_s), ("alone", alone_s),
+                                     ("push_pull", push_pull_s), ("set", set_s)):
+                    self.times[key].append(seconds)
 
-        with PSClient([address], plan, same_node=same_node) as client:
-            _, params = client.pull(min_version=0, timeout_s=60.0)
-            grads, loss, _, _ = compute(0, params)
-            for step in range(args.warmup_steps + pairs):
-                t0 = time.perf_counter()
-                _, _, params = client.push_pull(0, step, grads, batch, loss, 60.0)
-                push_pull_s = time.perf_counter() - t0
-                # As a worker steps: the pulled weights, then the next batch's gradients...
-                grads, loss, set_s, after_s = compute(step + 1, params)
-                # ...and the same again at once, with no transport before it (the
-                # same weights too: how long a compute takes depends on them).
-                _, _, _, alone_s = compute(step + 1, params)
-                if step >= args.warmup_steps:
-                    for key, seconds in (("after", after_s), ("alone", alone_s),
-                                         ("push_pull", push_pull_s), ("set", set_s)):
-                        times[key].append(seconds)
+    def figures(self) -> dict:
+        import statistics
+
+        self.client.close()
+        times = self.times
         diffs = [a - b for a, b in zip(times["after"], times["alone"])]
-        return {"pairs": pairs, "compute_alone_s": statistics.median(times["alone"]),
+        return {"pairs": len(diffs), "compute_alone_s": statistics.median(times["alone"]),
                 "compute_after_push_pull_s": statistics.median(times["after"]),
                 "compute_diff_s": statistics.median(diffs),
                 "push_pull_s": statistics.median(times["push_pull"]),
@@ -202,24 +214,28 @@ class PairedSteps:
 
 
 def paired(args, initial: dict, kind: str) -> dict:
-    """`PairedSteps` against a shard actor of `initial` (the `paired` figures)."""
+    """`PairedSteps` against a shard actor of `initial` (the `paired` figures),
+    through the same-node transport of variant `kind`."""
     from towerps.cluster.actors import ShardActor
     from towerps.ps.optimizers import DEFAULT_LR
     from towerps.shm import new_run_prefix, sweep
 
-    shm = variant_fields(kind).get("same_node_transport") == "shm"
-    prefix = new_run_prefix() if shm else None
+    transport = variant_fields(kind).get("same_node_transport", "shm")
+    prefix = new_run_prefix() if transport == "shm" else None
     shard, actor = ShardActor.options(num_cpus=1).remote(0), PairedSteps.remote()
     try:
         record = ray.get(shard.start.remote(initial, args.optimizer, DEFAULT_LR[args.optimizer],
                                             1, same_node=prefix))
+        ray.get(actor.start.remote(args, record["address"], prefix))
+        ray.get(actor.steps.remote(args.warmup_steps, timed=False))
         pairs = min(args.steps, PAIRED_STEPS)
-        faults = common.minor_faults(record["pid"])
-        figures = ray.get(actor.run.remote(args, record["address"], prefix, pairs))
-        # The shard process's page faults per call (its first pull and every
-        # PushPull, the warm-up's included).
-        per_step = (common.minor_faults(record["pid"]) - faults) / (args.warmup_steps + pairs + 1)
-        return {"transport": kind, **figures, "shard_minor_faults_per_step": per_step}
+        before = common.minor_faults(record["pid"])
+        ray.get(actor.steps.remote(pairs, timed=True))
+        after = common.minor_faults(record["pid"])
+        # The shard process's page faults per timed step (a PushPull each).
+        faults = (after - before) / pairs if None not in (before, after) else None
+        return {"transport": transport, **ray.get(actor.figures.remote()),
+                "shard_minor_faults_per_step": faults}
     finally:
         ray.get(shard.stop.remote())
         for handle in (actor, shard):

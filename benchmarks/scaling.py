@@ -22,7 +22,10 @@ in every run so far (1.1-1.4x; threads woken from sleep and cold caches
 are the likely reason), and the model would otherwise count the cheaper
 kind (`cpu_s_per_step_back_to_back` records it beside the rest). So the
 per-call CPU b below also holds what the two processes burn while they
-wait (Ray's and gRPC's own threads). Its inputs:
+wait (Ray's and gRPC's own threads), and the model counts that per call
+pair, N K of them a step, where it really grows with the N + K processes
+and the step's length: a simplification, one reason the model misses
+by a few percent either way. Its inputs:
 
   alpha      per-message latency: half of what a 1 KB model's step takes
              beyond T (a step is one pull and one push);

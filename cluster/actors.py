@@ -65,9 +65,6 @@ class ShardActor:
     """One PS shard and the gRPC server in front of it, bound to the node's address."""
 
     def __init__(self, index: int):
-        from towerps.ps.memory import keep_freed_memory
-
-        keep_freed_memory()  # before the first step's arrays: see ps/memory.py
         self._index = index
         self._shard = None
         self._server = None
@@ -97,6 +94,9 @@ class ShardActor:
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter
         from towerps.ps.limits import ShardLimits
+        from towerps.ps.memory import keep_freed_memory
+
+        keep_freed_memory()  # before the first step's arrays: see ps/memory.py
 
         if isinstance(optimizer, str):
             optimizer = make_optimizer(optimizer, lr)

@@ -46,7 +46,7 @@ def test_overhead(tmp_path):
         assert pair["pairs"] == 6 and pair["transport"] == "shm"
         assert pair["compute_alone_s"] > 0 and pair["compute_after_push_pull_s"] > 0
         assert pair["push_pull_s"] > 0 and pair["set_weights_s"] > 0
-        assert pair["shard_minor_faults_per_step"] >= 0
+        assert isinstance(pair["shard_minor_faults_per_step"], float)  # read from /proc
     assert figures["paired"]["compute_diff_s"] == pytest.approx(
         statistics.median(r["paired"]["compute_diff_s"] for r in figures["rounds"]))
 
