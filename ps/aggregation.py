@@ -4,6 +4,7 @@
     buffer.add(rank, grads, num_examples=32, loss=2.3)
     ...                                      # until the quorum is in
     mean = buffer.mean()                     # sum(n_i * g_i) / sum(n_i), in place
+                                             # (one push: its own arrays)
     buffer.clear()
 
 Weighted by examples: a push's gradient is the mean over its examples, so the
@@ -23,11 +24,19 @@ num_workers - 1 pushes held at once, and the additions of held pushes happen
 when their predecessor arrives (benchmarks/sum_order.py measures both).
 `ordered=False` adds each push as it arrives (arrival order).
 
-Memory: the first push of a step is scaled straight into the buffer (no
-zero fill, no temporary); later ones go through a scratch block of
-BLOCK_ELEMENTS, so no temporary as large as a variable is ever made (above
-32 MB glibc maps each one fresh, and its page faults cost more than the
-arithmetic).
+A step of one push (one worker, or a quorum of one) is that push's
+gradient as it came: its arrays are the mean, with no pass over them. The
+sum and division would give n * g / n, which float32 rounds away from g
+unless n is a power of two, and which costs two passes over every variable
+(about a third of what Adam's update costs, measured in the shard's
+profile). So a single worker now trains bit for bit as one process
+applying its gradients directly does.
+
+Memory: the first push of a step is kept as it came until a second one
+arrives; then it is scaled straight into the buffer (no zero fill, no
+temporary) and later ones go through a scratch block of BLOCK_ELEMENTS, so
+no temporary as large as a variable is ever made (above 32 MB glibc maps
+each one fresh, and its page faults cost more than the arithmetic).
 """
 
 from __future__ import annotations
@@ -47,7 +56,9 @@ class StepBuffer:
         self.contributors: set[int] = set()
         self.num_examples = 0
         self._loss_sum = 0.0
-        self._added = 0  # pushes summed into self._sum so far
+        self._added = 0  # pushes added so far (the first only kept until a second comes)
+        # The first push and its examples, while it is alone (not yet in self._sum).
+        self._first: tuple[Mapping[str, np.ndarray], int] | None = None
         self._next_rank = 0  # ordered: every rank below it has been added
         self._held: dict[int, tuple[Mapping[str, np.ndarray], int, float]] = {}
 
@@ -73,8 +84,18 @@ class StepBuffer:
             self._next_rank += 1
 
     def _add(self, grads: Mapping[str, np.ndarray], num_examples: int, loss: float) -> None:
+        if self._added == 0:
+            self._first = (grads, num_examples)  # alone so far: maybe the whole step (`mean`)
+        else:
+            if self._first is not None:  # a second push: the first joins the sum
+                self._sum_in(*self._first, first=True)
+                self._first = None
+            self._sum_in(grads, num_examples, first=False)
+        self._added += 1
+        self._loss_sum += loss * num_examples
+
+    def _sum_in(self, grads: Mapping[str, np.ndarray], num_examples: int, first: bool) -> None:
         n = np.float32(num_examples)
-        first = self._added == 0
         for name, grad in grads.items():
             for total, g in flat_blocks(self._sum[name], grad):
                 # (block of the variable) += n * (same block)
@@ -83,8 +104,6 @@ class StepBuffer:
                 else:
                     scaled = np.multiply(g, n, out=self._scratch[:len(g)])
                     total += scaled
-        self._added += 1
-        self._loss_sum += loss * num_examples
 
     @property
     def loss(self) -> float:
@@ -92,10 +111,13 @@ class StepBuffer:
         return self._loss_sum / self.num_examples
 
     def mean(self) -> dict[str, np.ndarray]:
-        """The example-weighted mean gradient; adds what is still held (in rank
-        order), then divides the buffer in place (call once per step)."""
+        """The example-weighted mean gradient (call once per step): the arrays
+        of the step's only push as they came, or, with several, the buffer
+        divided in place after what is still held is added (in rank order)."""
         for rank in sorted(self._held):
             self._add(*self._held.pop(rank))
+        if self._first is not None:  # one push: its gradient is the mean, as it came
+            return dict(self._first[0])
         scale = np.float32(1.0 / self.num_examples)
         for grad_sum in self._sum.values():
             grad_sum *= scale
@@ -108,4 +130,5 @@ class StepBuffer:
         self.num_examples = 0
         self._loss_sum = 0.0
         self._added = 0
+        self._first = None
         self._next_rank = 0

@@ -81,6 +81,44 @@ def test_a_cleared_buffer_starts_again_at_rank_zero():
     np.testing.assert_array_equal(buffer.mean()["w"], np.full(4, 3.0, np.float32))
 
 
+def test_a_step_of_one_push_is_its_gradient_bit_for_bit():
+    # 100 examples: n * g / n rounds away from g in float32 for some g.
+    grad = np.random.default_rng(1).normal(size=1000).astype(np.float32)
+    n = np.float32(100)
+    assert (grad * n * np.float32(1 / 100)).tobytes() != grad.tobytes()  # what summing did
+    for ordered in (True, False):
+        buffer = StepBuffer({"w": np.zeros(1000, np.float32)}, ordered=ordered)
+        buffer.add(0, {"w": grad}, num_examples=100, loss=2.0)
+        mean = buffer.mean()
+        assert mean["w"].tobytes() == grad.tobytes() and buffer.loss == 2.0
+        buffer.clear()
+
+
+def test_a_second_push_sums_both_as_before_and_leaves_the_first_push_unchanged():
+    rng = np.random.default_rng(2)
+    grads = [rng.normal(size=(70, 3)).astype(np.float32) for _ in range(2)]
+    kept = [g.copy() for g in grads]
+    buffer = StepBuffer({"w": np.zeros((70, 3), np.float32)})
+    buffer.add(1, {"w": grads[1]}, num_examples=7, loss=1.0)  # held for rank 0
+    buffer.add(0, {"w": grads[0]}, num_examples=5, loss=1.0)
+    expected = (grads[0] * np.float32(5) + grads[1] * np.float32(7)) * np.float32(1 / 12)
+    assert buffer.mean()["w"].tobytes() == expected.tobytes()
+    for g, k in zip(grads, kept):  # the buffer sums into its own arrays
+        assert g.tobytes() == k.tobytes()
+
+
+def test_one_worker_trains_as_the_optimizer_applied_directly():
+    rng = np.random.default_rng(3)
+    steps = [rng.normal(size=(50, 2)).astype(np.float32) for _ in range(5)]
+    # SGD from zeros: a gradient off by a rounding shows in the weights.
+    shard = Shard(0, {"w": np.zeros((50, 2), np.float32)}, make_optimizer("sgd"), 1, Mode("sync"))
+    params, optimizer = {"w": np.zeros((50, 2), np.float32)}, make_optimizer("sgd")
+    for step, grad in enumerate(steps):
+        shard.push(0, step, {"w": grad}, num_examples=100, loss=1.0)
+        optimizer.apply(params, {"w": grad})
+    assert shard.pull(len(steps), timeout_s=1.0)[1]["w"].tobytes() == params["w"].tobytes()
+
+
 def test_shards_fed_in_different_orders_end_with_identical_weights():
     rng = np.random.default_rng(0)
     # Gradients of mixed magnitudes, so that rounding depends on the order.
