@@ -194,9 +194,13 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             wire_dtype = pull_wire_dtype(request.wire_dtype)
             if request.segment:  # whose segment, before waiting for the version
                 self._check_segment(context, request.segment)
-            version, params = self._shard.pull(min_version, timeout_s, ended)
-            if request.segment:
-                shared = self._shared_pull(context, request.segment, params, wire_dtype)
+            if request.segment:  # written straight from the shard's arrays
+                version, shared = self._shard.pull_into(
+                    min_version, timeout_s,
+                    lambda params: self._shared_pull(context, request.segment, params, wire_dtype),
+                    ended)
+            else:
+                version, params = self._shard.pull(min_version, timeout_s, ended)
         except (BadRequest, PullTimeout, ShardUnavailable, AccessDenied) as err:
             _abort(context, err)
         if request.segment:

@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 
@@ -72,6 +73,8 @@ from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
 from towerps.wire import TensorSpec, spec_of
+
+T = TypeVar("T")
 
 
 class PushOutcome(Enum):
@@ -405,35 +408,59 @@ class Shard:
         Raises PullTimeout after `timeout_s` or once `call_ended` is set (and
         `wake` called), ShardUnavailable once closed.
         """
-        ended = call_ended or threading.Event()
         with self._lock:
-            target = min(min_version, self._end)
-            self._stats.pulls_waiting += 1  # seen by stats() only while it waits
-            try:
-                ready = self._lock.wait_for(
-                    lambda: self._version >= min(target, self._end) or self._closed
-                    or ended.is_set(),
-                    timeout=timeout_s,
-                )
-            finally:
-                self._stats.pulls_waiting -= 1
-            ready = ready and not ended.is_set()
-            if self._closed:
-                raise ShardUnavailable(f"shard {self.index} is shutting down")
-            if not ready:
-                waiting = (
-                    f"; {len(self._buffer)} of {self._quorum} workers have pushed for it"
-                    if self.mode.aggregates else ""
-                )
-                raise PullTimeout(
-                    f"shard {self.index}: version {min_version} did not appear within "
-                    f"{timeout_s:g} s (the shard is at version {self._version}{waiting})"
-                )
+            self._wait_for_version(min_version, timeout_s, call_ended)
+            return self._version, self._version_snapshot()
+
+    def pull_into(self, min_version: int, timeout_s: float, write: Callable[[dict], T],
+                  call_ended: threading.Event | None = None) -> tuple[int, T]:
+        """`pull`, handing the parameters to `write` rather than returning
+        them: (version, what `write` returned). `write` copies what it needs
+        and keeps no reference: unless a snapshot of the version exists
+        already (a gRPC pull made one), it runs under the shard's lock on the
+        live arrays, so a same-node pull writes them into the worker's
+        segment with no copy of the version made for it."""
+        with self._lock:
+            self._wait_for_version(min_version, timeout_s, call_ended)
             if self._snapshot is None:
-                self._snapshot = {
-                    n: _frozen_copy(v) for n, v in {**self._params, **self._state}.items()
-                }
-            return self._version, self._snapshot
+                return self._version, write({**self._params, **self._state})
+            version, snapshot = self._version, self._snapshot
+        return version, write(snapshot)
+
+    def _wait_for_version(self, min_version: int, timeout_s: float,
+                          call_ended: threading.Event | None) -> None:
+        """`pull`'s wait and its errors. Caller holds the lock."""
+        ended = call_ended or threading.Event()
+        target = min(min_version, self._end)
+        self._stats.pulls_waiting += 1  # seen by stats() only while it waits
+        try:
+            ready = self._lock.wait_for(
+                lambda: self._version >= min(target, self._end) or self._closed
+                or ended.is_set(),
+                timeout=timeout_s,
+            )
+        finally:
+            self._stats.pulls_waiting -= 1
+        ready = ready and not ended.is_set()
+        if self._closed:
+            raise ShardUnavailable(f"shard {self.index} is shutting down")
+        if not ready:
+            waiting = (
+                f"; {len(self._buffer)} of {self._quorum} workers have pushed for it"
+                if self.mode.aggregates else ""
+            )
+            raise PullTimeout(
+                f"shard {self.index}: version {min_version} did not appear within "
+                f"{timeout_s:g} s (the shard is at version {self._version}{waiting})"
+            )
+
+    def _version_snapshot(self) -> dict[str, np.ndarray]:
+        """The current version's read-only copy, made at its first use. Caller holds the lock."""
+        if self._snapshot is None:
+            self._snapshot = {
+                n: _frozen_copy(v) for n, v in {**self._params, **self._state}.items()
+            }
+        return self._snapshot
 
     def end_at(self, version: int) -> int:
         """Make `version` (or the current one, if later) the last; returns the end in force.

@@ -125,6 +125,33 @@ def test_pulled_snapshot_does_not_change_when_the_next_step_applies():
     np.testing.assert_array_equal(snapshot["w"], [1.0, 2.0])
 
 
+def test_pull_into_writes_the_version_with_no_copy_of_it_and_reports_errors_as_pull():
+    shard = make_shard(num_workers=1)
+    shard.push(0, 0, grads(1.0), 1)
+    written = {}
+
+    def write(params):
+        written.update({n: a.copy() for n, a in params.items()})
+        return sorted(params), params["w"].flags.writeable
+
+    # No snapshot yet: `write` reads the shard's own (writeable) arrays, under its lock.
+    assert shard.pull_into(1, 1.0, write) == (1, (["b", "w"], True))
+    _, pulled = shard.pull(1, timeout_s=1.0)
+    assert {n: a.tolist() for n, a in written.items()} == {n: a.tolist() for n, a in pulled.items()}
+    # Once a snapshot of the version exists (a gRPC pull made it), the write uses it.
+    assert shard.pull_into(1, 1.0, lambda params: params["w"] is pulled["w"]) == (1, True)
+    with pytest.raises(PullTimeout, match="version 2 did not appear"):
+        shard.pull_into(2, 0.01, write)
+
+    def refuse(params):
+        raise ValueError("the segment cannot take them")
+
+    shard.push(0, 1, grads(1.0), 1)  # a new version: no snapshot of it yet
+    with pytest.raises(ValueError, match="cannot take them"):
+        shard.pull_into(2, 1.0, refuse)
+    assert shard.pull(2, timeout_s=1.0)[0] == 2  # the shard's lock was given back
+
+
 def test_close_wakes_waiting_pulls():
     shard = make_shard(num_workers=1)
     errors = []
