@@ -41,6 +41,13 @@ by a few percent either way. Its inputs:
              cores: its Python is serialised by the GIL, but the copies,
              sums and gRPC's C core are not (`shard_cpu_s_per_step` of
              each configuration says how much of a core its shards took);
+  A_N        the shard's sums: seconds for a step buffer (ps/aggregation.py)
+             to take N pushes of the whole model and average them, timed in
+             this process before the cluster starts. One worker's step needs
+             no sum (its push is the mean as it came), so the calibration
+             runs above hold none of it: with N > 1 a step costs about two
+             passes over the model per push, under the shard's lock (one
+             core), spread over the K shards by their bytes;
   g_K        contention: with 1 worker and the real model, the CPU
              per step measured against K shards over what b and c count
              for it (1 at K = 1, and never below 1: a reading below the
@@ -54,9 +61,9 @@ by a few percent either way. Its inputs:
 
 A sync step moves S bytes each way per worker, N S / K per shard, so
 
-  T + 2 alpha + g_K max( N (2 (S / K) c_s + b_s) / min(C, N),   # the busiest shard
-                         (2 S c_w + K b_w) / min(C, K),         # a worker
-                         N (2 S (c_s + c_w) + K (b_s + b_w)) / C )  # all of it on C cores
+  T + 2 alpha + g_K max( N (2 (S / K) c_s + b_s) / min(C, N) + A_N / K,   # the busiest shard
+                         (2 S c_w + K b_w) / min(C, K),                   # a worker
+                         (N (2 S (c_s + c_w) + K (b_s + b_w)) + A_N) / C )  # all on C cores
 
 the classic parameter-server model (latency + bytes / bandwidth at the
 busiest endpoint), plus the bound that on one machine every byte and every
@@ -182,14 +189,19 @@ class Bench:
                 "shard_bytes": plan.shard_bytes()}
 
 
+def aggregation_s(cal: dict, n: int) -> float:
+    """A_N: seconds the shards together spend summing a step of N pushes."""
+    return cal.get("aggregation_s", {}).get(str(n), 0.0)
+
+
 def step_cpu(cal: dict, n: int, k: int, nbytes: int, contention: bool = True) -> float:
     """CPU seconds of one sync step in all processes together, as the model
-    counts them: bytes and calls, times K's measured contention factor
+    counts them: bytes, calls and sums, times K's measured contention factor
     (`contention=False`: without it, the count alone)."""
     per_call = cal["shard_cpu_s_per_call_pair"] + cal["worker_cpu_s_per_call_pair"]
     per_byte = cal["shard_cpu_s_per_byte"] + cal["worker_cpu_s_per_byte"]
     factor = cal["contention"][str(k)] if contention else 1.0
-    return factor * n * (2 * nbytes * per_byte + k * per_call)
+    return factor * (n * (2 * nbytes * per_byte + k * per_call) + aggregation_s(cal, n))
 
 
 def predict(cal: dict, n: int, k: int, nbytes: int, compute_s: float, cores: int) -> float:
@@ -197,11 +209,37 @@ def predict(cal: dict, n: int, k: int, nbytes: int, compute_s: float, cores: int
     c_s, c_w = g * cal["shard_cpu_s_per_byte"], g * cal["worker_cpu_s_per_byte"]
     b_s, b_w = g * cal["shard_cpu_s_per_call_pair"], g * cal["worker_cpu_s_per_call_pair"]
     # A shard serves its N calls at once, a worker calls its K shards at once:
-    # each on up to C cores, since the copies and gRPC's C core run outside the GIL.
-    busiest = max(n * (2 * nbytes / k * c_s + b_s) / min(cores, n),
+    # each on up to C cores, since the copies and gRPC's C core run outside the
+    # GIL; a shard's sums run under its lock, on one core.
+    busiest = max(n * (2 * nbytes / k * c_s + b_s) / min(cores, n) + g * aggregation_s(cal, n) / k,
                   (2 * nbytes * c_w + k * b_w) / min(cores, k),
                   step_cpu(cal, n, k, nbytes) / cores)
     return compute_s + 2 * cal["alpha_s"] + busiest
+
+
+def measure_aggregation(shapes: dict, workers: list[int], reps: int = 5) -> dict[str, float]:
+    """A_N for each N: median seconds for a step buffer over the whole model
+    to take N pushes and average them (the shard's own code, in this process)."""
+    import numpy as np
+
+    from towerps.ps.aggregation import StepBuffer
+
+    rng = np.random.default_rng(0)
+    like = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
+    pushes = [{n: rng.standard_normal(s, np.float32) for n, s in shapes.items()}
+              for _ in range(max(workers))]
+    buffer, out = StepBuffer(like), {}
+    for n in workers:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for rank in range(n):
+                buffer.add(rank, pushes[rank], num_examples=1, loss=0.0)
+            buffer.mean()
+            times.append(time.perf_counter() - t0)
+            buffer.clear()
+        out[str(n)] = sorted(times)[len(times) // 2]
+    return out
 
 
 def main(argv=None) -> dict:
@@ -220,6 +258,8 @@ def main(argv=None) -> dict:
     def timed(step_s: list) -> float:
         return float(sum(step_s[args.warmup_steps - 1:]) / len(step_s[args.warmup_steps - 1:]))
 
+    # The shards' sums, timed before the cluster's processes share the cores.
+    aggregation = measure_aggregation(shapes, workers)
     with common.local_ray(num_cpus=max(workers) + max(shards)):
         bench = Bench(max(workers), max(shards))
         # Calibration: 1 worker, 1 shard, the configurations' T; a 1 KB model, then
@@ -242,7 +282,8 @@ def main(argv=None) -> dict:
                "pair_bytes_per_s": 2 * nbytes / max(big_step - 2 * alpha, 1e-9),
                "shard_cpu_s_per_call_pair": b_s, "worker_cpu_s_per_call_pair": b_w,
                "shard_cpu_s_per_byte": net_cpu_per_byte(big_s, b_s, nbytes),
-               "worker_cpu_s_per_byte": net_cpu_per_byte(big_w, b_w, nbytes)}
+               "worker_cpu_s_per_byte": net_cpu_per_byte(big_w, b_w, nbytes),
+               "aggregation_s": aggregation}
         # Contention, measured: the same worker and bytes against K shards,
         # CPU per step over what the count above makes of it (1 at K = 1).
         # K processes sharing C cores each pay for the others' time slices:
@@ -290,7 +331,8 @@ def main(argv=None) -> dict:
                f"{max(workers)} workers {effs}; cost model (alpha {alpha * 1e3:.1f} ms, "
                f"{(cal['shard_cpu_s_per_call_pair'] + cal['worker_cpu_s_per_call_pair']) * 1e3:.1f}"
                f" ms CPU per call pair, shard {format_rate(cal['shard_cpu_s_per_byte'])}, worker "
-               f"{format_rate(cal['worker_cpu_s_per_byte'])} per core, contention "
+               f"{format_rate(cal['worker_cpu_s_per_byte'])} per core, sums of "
+               f"{max(workers)} pushes {aggregation_s(cal, max(workers)) * 1e3:.0f} ms, contention "
                f"{', '.join(f'K={k} {g:.2f}x' for k, g in cal['contention'].items())}) "
                f"off by at most "
                f"{worst_off:.2f}x (goal <= 1.15)")

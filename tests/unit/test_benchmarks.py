@@ -9,7 +9,9 @@ import pytest
 
 from benchmarks import _common as common
 from benchmarks.convergence import interpolate
-from benchmarks.scaling import format_rate, model_shapes, net_cpu_per_byte, predict, step_cpu
+from benchmarks.scaling import (
+    format_rate, measure_aggregation, model_shapes, net_cpu_per_byte, predict, step_cpu,
+)
 from towerps.cluster import cli
 
 pytestmark = pytest.mark.unit
@@ -98,6 +100,23 @@ def test_scaling_model_has_the_asked_size_and_the_cost_model_adds_up():
         0.1 + 0.002 + 1.5 * (1.6 + 0.16))
     assert step_cpu(cal, 8, 4, 10**8) == pytest.approx(1.5 * (3.2 + 0.32))
     assert step_cpu(cal, 8, 4, 10**8, contention=False) == pytest.approx(3.2 + 0.32)
+    # The shards' sums of N pushes (A_N, measured): all of it on the C cores, and
+    # on the busiest shard its share A_N / K under its lock, on one core.
+    cal["aggregation_s"] = {"8": 0.4}
+    assert step_cpu(cal, 8, 4, 10**8, contention=False) == pytest.approx(3.2 + 0.32 + 0.4)
+    assert predict(cal, 8, 4, 10**8, 0.1, cores=2) == pytest.approx(
+        0.1 + 0.002 + 1.5 * (1.6 + 0.16 + 0.2))
+    cal["contention"]["1"], cal["aggregation_s"]["1"] = 1.0, 0.0
+    # 8 workers on 1 shard, 64 cores: the shard's bytes and calls over 8 cores, then its sums.
+    assert predict(cal, 8, 1, 10**8, 0.1, cores=64) == pytest.approx(
+        0.1 + 0.002 + (0.2 + 0.004) + 0.4)
+    # One worker: no sum; its own bytes and call (worker side, 6 ms) are the busiest.
+    assert predict(cal, 1, 1, 10**8, 0.1, cores=2) == pytest.approx(0.1 + 0.002 + 0.2 + 0.006)
+
+
+def test_the_sums_are_timed_for_each_worker_count_and_one_push_needs_none():
+    timed = measure_aggregation({"w": (512, 256)}, [1, 4], reps=3)
+    assert set(timed) == {"1", "4"} and timed["4"] > timed["1"] >= 0
 
 
 def test_per_byte_calibration_survives_cpu_readings_below_the_proc_resolution():
