@@ -225,12 +225,12 @@ def measure_aggregation(shapes: dict, workers: list[int], reps: int = 5) -> dict
     from towerps.ps.aggregation import StepBuffer
 
     rng = np.random.default_rng(0)
-    like = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
-    pushes = [{n: rng.standard_normal(s, np.float32) for n, s in shapes.items()}
+    like = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+    pushes = [{name: rng.standard_normal(shape, np.float32) for name, shape in shapes.items()}
               for _ in range(max(workers))]
-    buffer, out = StepBuffer(like), {}
+    out = {}
     for n in workers:
-        times = []
+        buffer, times = StepBuffer(like, quorum=n), []  # a shard of N workers, no backups
         for _ in range(reps):
             t0 = time.perf_counter()
             for rank in range(n):

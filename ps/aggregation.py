@@ -1,6 +1,6 @@
 """The accumulation buffer of one synchronous step on one shard.
 
-    buffer = StepBuffer(shard_params)        # shaped like the variables
+    buffer = StepBuffer(shard_params, quorum=2)  # shaped like the variables
     buffer.add(rank, grads, num_examples=32, loss=2.3)
     ...                                      # until the quorum is in
     mean = buffer.mean()                     # sum(n_i * g_i) / sum(n_i), in place
@@ -24,19 +24,19 @@ num_workers - 1 pushes held at once, and the additions of held pushes happen
 when their predecessor arrives (benchmarks/sum_order.py measures both).
 `ordered=False` adds each push as it arrives (arrival order).
 
-A step of one push (one worker, or a quorum of one) is that push's
-gradient as it came: its arrays are the mean, with no pass over them. The
-sum and division would give n * g / n, which float32 rounds away from g
-unless n is a power of two, and which costs two passes over every variable
-(about a third of what Adam's update costs, measured in the shard's
-profile). So a single worker now trains bit for bit as one process
-applying its gradients directly does.
+A step of one push (`quorum` 1: one worker, or backup workers leaving
+one) is that push's gradient as it came: its arrays are the mean, with no
+pass over them. The sum and division would give n * g / n, which float32
+rounds away from g unless n is a power of two, and which costs two passes
+over every variable (about a third of what Adam's update took in a
+profile of the shard). So a single worker trains bit for bit as one
+process applying its gradients directly does (with float32 on the wire).
 
-Memory: the first push of a step is kept as it came until a second one
-arrives; then it is scaled straight into the buffer (no zero fill, no
-temporary) and later ones go through a scratch block of BLOCK_ELEMENTS, so
-no temporary as large as a variable is ever made (above 32 MB glibc maps
-each one fresh, and its page faults cost more than the arithmetic).
+Memory: with a larger quorum the first push of a step is scaled straight
+into the buffer (no zero fill, no temporary) and later ones go through a
+scratch block of BLOCK_ELEMENTS, so no temporary as large as a variable is
+ever made (above 32 MB glibc maps each one fresh, and its page faults cost
+more than the arithmetic), and no push is kept once it is added.
 """
 
 from __future__ import annotations
@@ -49,15 +49,16 @@ from towerps.ps.optimizers import BLOCK_ELEMENTS, flat_blocks
 
 
 class StepBuffer:
-    def __init__(self, like: Mapping[str, np.ndarray], ordered: bool = True):
+    def __init__(self, like: Mapping[str, np.ndarray], ordered: bool = True, quorum: int = 2):
         self.ordered = ordered
+        self.quorum = quorum  # pushes that make a step (the shard sets it when it changes)
         self._sum = {n: np.empty_like(v) for n, v in like.items()}  # valid once added to
         self._scratch = np.empty(BLOCK_ELEMENTS, np.float32)
         self.contributors: set[int] = set()
         self.num_examples = 0
         self._loss_sum = 0.0
         self._added = 0  # pushes added so far (the first only kept until a second comes)
-        # The first push and its examples, while it is alone (not yet in self._sum).
+        # Quorum 1: the step's push and its examples, kept as they came (not in self._sum).
         self._first: tuple[Mapping[str, np.ndarray], int] | None = None
         self._next_rank = 0  # ordered: every rank below it has been added
         self._held: dict[int, tuple[Mapping[str, np.ndarray], int, float]] = {}
@@ -72,7 +73,8 @@ class StepBuffer:
 
     def add(self, rank: int, grads: Mapping[str, np.ndarray], num_examples: int, loss: float) -> None:
         """Take rank's push for this step. The buffer keeps a reference to
-        `grads` until it is added: the caller must not change the arrays."""
+        `grads` until it is added, and with quorum 1 until `clear` (`mean`
+        returns its arrays): the caller must not change them."""
         self.contributors.add(rank)
         self.num_examples += num_examples
         if not self.ordered:
@@ -84,13 +86,13 @@ class StepBuffer:
             self._next_rank += 1
 
     def _add(self, grads: Mapping[str, np.ndarray], num_examples: int, loss: float) -> None:
-        if self._added == 0:
-            self._first = (grads, num_examples)  # alone so far: maybe the whole step (`mean`)
+        if self._added == 0 and self.quorum == 1:
+            self._first = (grads, num_examples)  # the whole step: `mean` returns it
         else:
-            if self._first is not None:  # a second push: the first joins the sum
+            if self._first is not None:  # a second push after all (the quorum grew)
                 self._sum_in(*self._first, first=True)
                 self._first = None
-            self._sum_in(grads, num_examples, first=False)
+            self._sum_in(grads, num_examples, first=self._added == 0)
         self._added += 1
         self._loss_sum += loss * num_examples
 

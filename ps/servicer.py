@@ -192,9 +192,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             if remaining is not None:
                 timeout_s = min(timeout_s, remaining)
             wire_dtype = pull_wire_dtype(request.wire_dtype)
-            if request.segment:  # whose segment, before waiting for the version
-                self._check_segment(context, request.segment)
-            if request.segment:  # written straight from the shard's arrays
+            if request.segment:
+                self._check_segment(context, request.segment)  # whose, before the wait
+                # One worker: written from the shard's own arrays (Shard.pull_into).
                 version, shared = self._shard.pull_into(
                     min_version, timeout_s,
                     lambda params: self._shared_pull(context, request.segment, params, wire_dtype),

@@ -146,7 +146,8 @@ class Shard:
         self._push_rate = RateMeter()
         # sync: the step being gathered (gradients and state values alike)
         self._buffer = StepBuffer(
-            {**self._params, **self._state}, ordered=self.mode.sum_order == "rank"
+            {**self._params, **self._state}, ordered=self.mode.sum_order == "rank",
+            quorum=self._quorum,
         )
         self._last_step = [-1] * num_workers  # per worker: the latest step it pushed
         self._clocks = [0] * num_workers  # per worker: gradients pushed before the end
@@ -345,6 +346,7 @@ class Shard:
             self._rules = replace(self._rules, rows=dict(rows))
             # At least one push makes a step, whatever the backup workers.
             self._quorum = max(1, len(rows) - self.mode.backup_workers)
+            self._buffer.quorum = self._quorum
 
     def worker_position(self, worker_rank: int) -> tuple[int, int]:
         """(the latest step `worker_rank` pushed here, its clock: the pushes of
@@ -415,16 +417,23 @@ class Shard:
     def pull_into(self, min_version: int, timeout_s: float, write: Callable[[dict], T],
                   call_ended: threading.Event | None = None) -> tuple[int, T]:
         """`pull`, handing the parameters to `write` rather than returning
-        them: (version, what `write` returned). `write` copies what it needs
-        and keeps no reference: unless a snapshot of the version exists
-        already (a gRPC pull made one), it runs under the shard's lock on the
-        live arrays, so a same-node pull writes them into the worker's
-        segment with no copy of the version made for it."""
+        them: (version, what `write` returned). `write` gets read-only
+        arrays, copies what it needs and keeps no reference.
+
+        With one worker, a version has one reader: unless a snapshot of it
+        exists already, `write` runs under the shard's lock on read-only
+        views of the live arrays, so a same-node pull writes them into the
+        worker's segment with no copy of the version made for it. It then
+        holds up every push and pull of this shard while it runs, so it must
+        be short, must not block and must not call into the shard. With
+        several workers it runs outside the lock on the version's snapshot,
+        which the workers share, as `pull`'s callers do."""
         with self._lock:
             self._wait_for_version(min_version, timeout_s, call_ended)
-            if self._snapshot is None:
-                return self._version, write({**self._params, **self._state})
-            version, snapshot = self._version, self._snapshot
+            if self._snapshot is None and self.num_workers == 1:
+                return self._version, write(
+                    {n: _read_only(v) for n, v in {**self._params, **self._state}.items()})
+            version, snapshot = self._version, self._version_snapshot()
         return version, write(snapshot)
 
     def _wait_for_version(self, min_version: int, timeout_s: float,
@@ -567,6 +576,10 @@ class Shard:
 
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:
-    copy = array.copy()
-    copy.flags.writeable = False
-    return copy
+    return _read_only(array.copy())
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view

@@ -1,6 +1,7 @@
 """The sync step buffer adds pushes in rank order, whatever order they arrive in."""
 
 import itertools
+import weakref
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def test_a_step_of_one_push_is_its_gradient_bit_for_bit():
     n = np.float32(100)
     assert (grad * n * np.float32(1 / 100)).tobytes() != grad.tobytes()  # what summing did
     for ordered in (True, False):
-        buffer = StepBuffer({"w": np.zeros(1000, np.float32)}, ordered=ordered)
+        buffer = StepBuffer({"w": np.zeros(1000, np.float32)}, ordered=ordered, quorum=1)
         buffer.add(0, {"w": grad}, num_examples=100, loss=2.0)
         mean = buffer.mean()
         assert mean["w"].tobytes() == grad.tobytes() and buffer.loss == 2.0
@@ -105,6 +106,15 @@ def test_a_second_push_sums_both_as_before_and_leaves_the_first_push_unchanged()
     assert buffer.mean()["w"].tobytes() == expected.tobytes()
     for g, k in zip(grads, kept):  # the buffer sums into its own arrays
         assert g.tobytes() == k.tobytes()
+
+
+def test_with_a_quorum_above_one_the_buffer_keeps_no_push_once_it_is_added():
+    buffer = StepBuffer({"w": np.zeros(8, np.float32)}, quorum=2)
+    grad = np.ones(8, np.float32)
+    gone = weakref.ref(grad)
+    buffer.add(0, {"w": grad}, num_examples=1, loss=0.0)
+    del grad
+    assert gone() is None  # summed in at once: its memory is free before the next push
 
 
 def test_one_worker_trains_as_the_optimizer_applied_directly():

@@ -125,17 +125,19 @@ def test_pulled_snapshot_does_not_change_when_the_next_step_applies():
     np.testing.assert_array_equal(snapshot["w"], [1.0, 2.0])
 
 
-def test_pull_into_writes_the_version_with_no_copy_of_it_and_reports_errors_as_pull():
+def test_pull_into_writes_one_workers_version_with_no_copy_and_reports_errors_as_pull():
     shard = make_shard(num_workers=1)
     shard.push(0, 0, grads(1.0), 1)
-    written = {}
+    written, seen = {}, {}
 
     def write(params):
         written.update({n: a.copy() for n, a in params.items()})
-        return sorted(params), params["w"].flags.writeable
+        seen.update(params)
+        return sorted(params)
 
-    # No snapshot yet: `write` reads the shard's own (writeable) arrays, under its lock.
-    assert shard.pull_into(1, 1.0, write) == (1, (["b", "w"], True))
+    assert shard.pull_into(1, 1.0, write) == (1, ["b", "w"])
+    # One worker, no snapshot yet: read-only views of the shard's own arrays.
+    assert np.shares_memory(seen["w"], shard._params["w"]) and not seen["w"].flags.writeable
     _, pulled = shard.pull(1, timeout_s=1.0)
     assert {n: a.tolist() for n, a in written.items()} == {n: a.tolist() for n, a in pulled.items()}
     # Once a snapshot of the version exists (a gRPC pull made it), the write uses it.
@@ -149,7 +151,23 @@ def test_pull_into_writes_the_version_with_no_copy_of_it_and_reports_errors_as_p
     shard.push(0, 1, grads(1.0), 1)  # a new version: no snapshot of it yet
     with pytest.raises(ValueError, match="cannot take them"):
         shard.pull_into(2, 1.0, refuse)
-    assert shard.pull(2, timeout_s=1.0)[0] == 2  # the shard's lock was given back
+    # The shard's lock was given back: another thread pulls, and nothing changed.
+    got = []
+    puller = threading.Thread(target=lambda: got.append(shard.pull(2, timeout_s=30.0)))
+    puller.start()
+    puller.join(timeout=30.0)
+    assert got and got[0][0] == 2
+    np.testing.assert_array_equal(got[0][1]["w"], [1.0 - 1.0, 2.0 - 1.0])
+
+
+def test_pull_into_with_several_workers_writes_the_shared_snapshot_outside_the_lock():
+    shard = make_shard(num_workers=2)
+    shard.push(0, 0, grads(1.0), 1)
+    shard.push(1, 0, grads(1.0), 1)
+    version, first = shard.pull_into(1, 1.0, lambda params: params)
+    assert version == 1 and not np.shares_memory(first["w"], shard._params["w"])
+    # Every worker's pull of the version writes the same copy.
+    assert shard.pull_into(1, 1.0, lambda params: params["w"] is first["w"]) == (1, True)
 
 
 def test_close_wakes_waiting_pulls():
