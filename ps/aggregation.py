@@ -57,7 +57,7 @@ class StepBuffer:
         self.contributors: set[int] = set()
         self.num_examples = 0
         self._loss_sum = 0.0
-        self._added = 0  # pushes added so far (the first only kept until a second comes)
+        self._added = 0  # pushes added so far this step
         # Quorum 1: the step's push and its examples, kept as they came (not in self._sum).
         self._first: tuple[Mapping[str, np.ndarray], int] | None = None
         self._next_rank = 0  # ordered: every rank below it has been added
@@ -89,7 +89,7 @@ class StepBuffer:
         if self._added == 0 and self.quorum == 1:
             self._first = (grads, num_examples)  # the whole step: `mean` returns it
         else:
-            if self._first is not None:  # a second push after all (the quorum grew)
+            if self._first is not None:  # more pushes than a quorum of 1: sum them all
                 self._sum_in(*self._first, first=True)
                 self._first = None
             self._sum_in(grads, num_examples, first=self._added == 0)

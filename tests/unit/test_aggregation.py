@@ -108,6 +108,19 @@ def test_a_second_push_sums_both_as_before_and_leaves_the_first_push_unchanged()
         assert g.tobytes() == k.tobytes()
 
 
+def test_a_quorum_of_one_given_two_pushes_sums_both_as_a_larger_quorum_does():
+    rng = np.random.default_rng(4)
+    grads = [rng.normal(size=50).astype(np.float32) for _ in range(2)]
+
+    def mean(quorum):
+        buffer = StepBuffer({"w": np.zeros(50, np.float32)}, quorum=quorum)
+        for rank, (g, n) in enumerate(zip(grads, (3, 5))):
+            buffer.add(rank, {"w": g}, num_examples=n, loss=0.0)
+        return buffer.mean()["w"].tobytes()
+
+    assert mean(1) == mean(2)
+
+
 def test_with_a_quorum_above_one_the_buffer_keeps_no_push_once_it_is_added():
     buffer = StepBuffer({"w": np.zeros(8, np.float32)}, quorum=2)
     grad = np.ones(8, np.float32)
