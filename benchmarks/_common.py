@@ -200,9 +200,12 @@ def child_env() -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def run_module_child(module_file: str, args: list[str], **popen) -> subprocess.Popen:
-    """Start `python module_file args...` with this checkout importable."""
-    return subprocess.Popen([sys.executable, module_file, *args], env=child_env(), **popen)
+def run_module_child(module_file: str, args: list[str], extra_env: dict | None = None,
+                     **popen) -> subprocess.Popen:
+    """Start `python module_file args...` with this checkout importable, and
+    `extra_env` set in its environment."""
+    return subprocess.Popen([sys.executable, module_file, *args],
+                            env={**child_env(), **(extra_env or {})}, **popen)
 
 
 @contextlib.contextmanager

@@ -382,14 +382,17 @@ def write_secrets(path: str) -> None:
 
 def measure_size(args, mb: float, reps: int, timeout_s: float, tls: bool = False) -> dict:
     """Run the shard and client processes of one size; returns the client's figures."""
+    from towerps.ps.memory import SHARD_PROCESS_ENV
     from towerps.shm import new_run_prefix, sweep
 
     prefix = new_run_prefix()
     common_flags = ["--mb", str(mb), "--tensor-mb", str(args.tensor_mb),
                     "--secrets-dir", args.secrets_dir, "--segment-prefix", prefix,
                     *(["--tls"] if tls else [])]
+    # The shard's process starts as a shard actor's does (one malloc arena: ps/memory.py).
     shard = common.run_module_child(__file__, ["--role", "shard", *common_flags],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                    extra_env=SHARD_PROCESS_ENV, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
     try:
         ready = json.loads(_readline(shard.stdout, timeout_s))
         client = subprocess.run(

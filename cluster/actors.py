@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, replace
 
 import ray
 
+from towerps.ps.memory import SHARD_PROCESS_ENV
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -60,7 +62,9 @@ def _node_record(role: str, index: int) -> dict:
     }
 
 
-@ray.remote
+# Ray merges these variables into the job's runtime_env (its py_modules and
+# variables stay); .options() without a runtime_env keeps them.
+@ray.remote(runtime_env={"env_vars": SHARD_PROCESS_ENV})
 class ShardActor:
     """One PS shard and the gRPC server in front of it, bound to the node's address."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from towerps.errors import BadRequest, BadTensor, NotFinite, StepMismatch
-from towerps.wire import TensorSpec
+from towerps.wire import TensorSpec, all_finite
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class PushRules:
                     f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
                     f"expected dtype {spec.dtype} shape {spec.shape}"
                 )
-            if not np.isfinite(grad).all():
+            if not all_finite(grad):
                 raise NotFinite(
                     f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
                     "it and its parameters are unchanged"

@@ -15,13 +15,25 @@ the process keep freed blocks and reuse them: tests/ray/test_shard_memory.py
 counts fewer faults a step than a quarter of the pages, through shared
 memory and gRPC.
 
-Limits: the gRPC handler threads allocate from glibc's per-thread arenas,
-whose heaps hold at most 64 MiB, so a block larger than that (one variable
-of a shard's slice above ~64 MiB) is still mapped fresh each step whatever
-the threshold; glibc 2.34 and older refuse an mmap threshold above 32 MiB,
-so there the limit is 32 MiB. The price: freed memory stays in the process,
-so its resident size stays near its peak between steps instead of falling
-back (how a long run's peak moves with it is not measured yet).
+The thresholds govern the main arena. A gRPC handler thread allocates from
+one of glibc's per-thread arenas, whose heaps hold at most 64 MiB each and
+are unmapped when they fall empty: a push of a few large variables (two of
+32 MiB, say) copied out in a handler thread took fresh heaps, and fresh
+pages, at every step, about a fifth of its bytes in page faults through
+gRPC, plus the finiteness check's. So a shard's process also runs with
+SHARD_PROCESS_ENV, one arena for all its threads (`MALLOC_ARENA_MAX=1`):
+every block comes from the main heap, under the thresholds above. glibc
+reads that limit before the process's second thread allocates, so it must
+be in the environment the process starts with (the shard actor's
+runtime_env): mallopt(M_ARENA_MAX) in a running Ray worker changes nothing
+(measured). One arena means one malloc lock for all threads; a shard's
+threads mostly wait for each other under Python's GIL and the shard's lock.
+
+Limits: glibc 2.34 and older refuse an mmap threshold above 32 MiB, so
+there a larger block is still mapped fresh each step. The price: freed
+memory stays in the process, so its resident size stays near its peak
+between steps instead of falling back (how a long run's peak moves with it
+is not measured yet).
 """
 
 from __future__ import annotations
@@ -31,6 +43,8 @@ import ctypes
 # mallopt(3) parameters, from glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+# A shard process's environment from its start: one malloc arena (see above).
+SHARD_PROCESS_ENV = {"MALLOC_ARENA_MAX": "1"}
 KEEP_BYTES = 1 << 30  # blocks up to this size come from the heap; this much freed is kept
 _OLD_GLIBC_MAX = 32 << 20  # the highest mmap threshold glibc 2.34 and older accept
 

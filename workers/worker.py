@@ -44,6 +44,7 @@ from towerps.workers.client import PUSH_PULL, PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.redirect import Redirect, Redirects, share_rows
 from towerps.workers.tower import Tower
+from towerps.wire import all_finite
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Worker:
     def _push(self, version: int, grads, examples: int, loss: float, report) -> list:
         """Push `grads`, checked whole first: each shard sees only its slice,
         so the worker decides for all of them what a NaN/inf does."""
-        bad = sorted(n for n, g in grads.items() if not np.isfinite(g).all())
+        bad = sorted(n for n, g in grads.items() if not all_finite(g))
         if not bad and math.isfinite(loss):
             # The last push of a run that does not wait for recoveries needs
             # no parameters back: nothing trains on the final version here.

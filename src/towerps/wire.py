@@ -63,6 +63,28 @@ def spec_of(array: np.ndarray) -> TensorSpec:
     return TensorSpec(array.dtype, tuple(array.shape))
 
 
+FINITE_BLOCK = 1 << 16  # elements all_finite checks at a time
+
+
+def all_finite(array: np.ndarray) -> bool:
+    """Whether every element of `array` is finite (no NaN or infinity).
+
+    Checked a block at a time: `np.isfinite(array).all()` makes a boolean
+    array a quarter the size of a float32 one, which a process that frees
+    its large blocks (a gRPC handler thread's) faults in afresh at every
+    call; here the one temporary is FINITE_BLOCK booleans. Any dtype numpy's
+    isfinite takes (integers are always finite, bfloat16 is checked), or
+    anything np.asarray makes an array of.
+    """
+    flat = np.asarray(array).reshape(-1)
+    out = np.empty(min(flat.size, FINITE_BLOCK), dtype=bool)
+    for start in range(0, flat.size, FINITE_BLOCK):
+        block = flat[start:start + FINITE_BLOCK]
+        if not np.isfinite(block, out=out[:block.size]).all():
+            return False
+    return True
+
+
 # Compact dtypes a float32 tensor may travel in (gradients and parameters);
 # receivers widen them back to float32 before any arithmetic.
 WIRE_DTYPES = {

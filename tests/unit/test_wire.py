@@ -5,7 +5,7 @@ import pytest
 from towerps.codec import parse_part, pull_stream, push_stream, read_push
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
-from towerps.wire import CHUNK_BYTES, TensorSpec, decode_tensors
+from towerps.wire import CHUNK_BYTES, FINITE_BLOCK, TensorSpec, all_finite, decode_tensors
 
 pytestmark = pytest.mark.unit
 
@@ -119,3 +119,21 @@ def test_small_tensors_pack_into_few_messages_and_large_ones_fill_their_own():
     assert [c.name for b in batches for c in b] == ["a", "big", "big", "big", "b"]
     out = decode_tensors(c for b in batches for c in b)
     np.testing.assert_array_equal(out["big"], mixed["big"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, FINITE_BLOCK - 1, FINITE_BLOCK, 3 * FINITE_BLOCK + 7])
+def test_all_finite_finds_one_bad_element_in_any_block(dtype, bad, where):
+    array = np.ones((3 * FINITE_BLOCK + 8,), dtype)
+    assert all_finite(array)
+    array[where] = bad
+    assert not all_finite(array)
+    assert not all_finite(array.reshape(8, -1))  # any shape
+
+
+def test_all_finite_takes_empty_scalar_integer_and_huge_finite_arrays():
+    assert all_finite(np.zeros((0, 5), np.float32))
+    assert all_finite(np.float32(3.0)) and not all_finite(np.float32(np.nan))
+    assert all_finite(np.arange(10, dtype=np.int64))
+    assert all_finite(np.full(10, np.finfo(np.float32).max, np.float32))  # finite, however large
