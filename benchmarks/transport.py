@@ -218,6 +218,10 @@ def run_client(args) -> None:
     """One real step (memory), then alternating timed rounds; prints one JSON line."""
     import numpy as np
 
+    from towerps.ps.memory import keep_freed_memory
+
+    keep_freed_memory()  # as a worker actor's process does (cluster/actors.py)
+
     from towerps.auth import Credentials, worker_token
     from towerps.ps.placement import plan_placement
     from towerps.ps.shard import PushOutcome

@@ -243,7 +243,11 @@ class WorkerActor:
 
     def __init__(self, rank: int, verbose: bool = False):
         from towerps.cluster.logs import import_tensorflow
+        from towerps.ps.memory import keep_freed_memory
 
+        # A pull makes arrays as large as the parameters every step: reuse
+        # the last step's memory rather than fault fresh pages in (ps/memory.py).
+        keep_freed_memory()
         # Before any method: unpickling a method's arguments (a WorkerSpec)
         # already imports TensorFlow, whose start-up lines are noise.
         import_tensorflow(verbose)
