@@ -17,8 +17,9 @@ at most `--tensor-mb`), two fresh processes on loopback:
           applies (SGD) and a pull of the new version; the peak RSS of both
           processes (VmHWM) is read right then, so it is the memory of one
           sync step at that size. Then `--reps` rounds that alternate
-          gRPC push, bare push, raw TCP send, same-node push, gRPC pull,
-          bare pull, raw TCP receive, same-node pull of the same bytes,
+          gRPC push, bare push, fresh bare push, raw TCP send, same-node
+          push, gRPC pull, bare pull, fresh bare pull, raw TCP receive,
+          same-node pull of the same bytes,
           then a PushPull over gRPC and one through segments (the
           repeated push, answered with the version's parameters: the
           bytes both ways in one call; its MB/s count one way's bytes)
@@ -37,7 +38,11 @@ costs each process.
 The bare stream is gRPC's own ceiling on the machine: its chunks are made
 once, so it measures grpcio alone (HTTP/2 framing, its copies, its threads);
 towerps' path adds the protobuf messages, the token, the checks and the
-tensor bookkeeping. Under --tls the bare stream is not measured.
+tensor bookkeeping. Under --tls the bare stream is not measured. Beside it,
+`fresh_push` and `fresh_pull` run the same bare stream with its chunks cut
+from the arrays at each call (`bytes` of each 1 MiB: gRPC Python sends only
+bytes), as any sender of tensors that change every step must: the ratios
+`*_vs_fresh` show what towerps adds beyond that copy.
 
 Figures: MB/s (1 MB = 10^6 bytes) of each, the median and the best round,
 the ratios towerps-gRPC/bare-gRPC (goal >= 0.9) and gRPC/TCP (goal >= 0.6),
@@ -67,10 +72,11 @@ from benchmarks import _common as common  # noqa: E402
 
 MB = 10**6
 # Each round; shm_*: the same client calls with the same-node transport on (plaintext only).
-OPS = ("grpc_push", "bare_push", "tcp_send", "shm_push",
-       "grpc_pull", "bare_pull", "tcp_recv", "shm_pull", "grpc_push_pull", "shm_push_pull")
+OPS = ("grpc_push", "bare_push", "fresh_push", "tcp_send", "shm_push",
+       "grpc_pull", "bare_pull", "fresh_pull", "tcp_recv", "shm_pull",
+       "grpc_push_pull", "shm_push_pull")
 TLS_OPS = ("grpc_push", "tcp_send", "grpc_pull", "tcp_recv")  # the bare stream runs plaintext
-BARE_PUSH, BARE_PULL = "/bare.Bytes/Push", "/bare.Bytes/Pull"
+BARE_PUSH, BARE_PULL, FRESH_PULL = "/bare.Bytes/Push", "/bare.Bytes/Pull", "/bare.Bytes/PullFresh"
 _HEADER = struct.Struct("<cQ")  # TCP: op (b"P" receive n bytes, b"G" send n bytes), n
 
 
@@ -137,8 +143,8 @@ def serve_shard(args) -> None:
 
 def _bare_server():
     """grpcio alone: Push copies each received chunk into one buffer, Pull sends
-    the byte count it is asked for in chunks made once. No protobuf, no towerps
-    code."""
+    the byte count it is asked for in chunks made once, PullFresh the bytes of
+    one array in chunks made at each call. No protobuf, no towerps code."""
     import grpc
     from concurrent import futures
 
@@ -163,9 +169,18 @@ def _bare_server():
             made[n] = [bytes(min(CHUNK_BYTES, n - i)) for i in range(0, n, CHUNK_BYTES)]
         yield from made[n]
 
+    arrays: dict[int, bytearray] = {}  # byte count -> the "parameters" PullFresh sends
+
+    def pull_fresh(request, context):
+        n = int.from_bytes(request, "little")
+        view = memoryview(arrays.setdefault(n, bytearray(n)))
+        for i in range(0, n, CHUNK_BYTES):
+            yield bytes(view[i:i + CHUNK_BYTES])  # the one copy gRPC Python needs: bytes
+
     handler = grpc.method_handlers_generic_handler("bare.Bytes", {
         "Push": grpc.stream_unary_rpc_method_handler(push),
         "Pull": grpc.unary_stream_rpc_method_handler(pull),
+        "PullFresh": grpc.unary_stream_rpc_method_handler(pull_fresh),
     })
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
@@ -238,7 +253,7 @@ def run_client(args) -> None:
     shm_client = PSClient([f"127.0.0.1:{args.port}"], plan,
                           credentials=Credentials(worker_token(secret, 0), tls),
                           same_node=SameNode(args.segment_prefix, 0, (0,)))
-    bare_push, bare_pull = _bare_stubs(args.bare_port)
+    bare_push, bare_pull, fresh_pull = _bare_stubs(args.bare_port)
     bare_chunks = _chunks_of(grads)
     tcp = socket.create_connection(("127.0.0.1", args.tcp_port))
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -309,11 +324,15 @@ def run_client(args) -> None:
     def grpc_pull():
         client.pull(min_version=1, timeout_s=300.0)
 
-    def bare_recv():
+    def bare_recv(call=bare_pull):
         view, got = memoryview(recv_buf), 0
-        for chunk in bare_pull(nbytes.to_bytes(8, "little")):
+        for chunk in call(nbytes.to_bytes(8, "little")):
             view[got:got + len(chunk)] = chunk
             got += len(chunk)
+        assert got == nbytes, (got, nbytes)
+
+    def fresh_send():  # chunks cut from the arrays at each call, as new gradients must be
+        got = int.from_bytes(bare_push(_fresh_chunks(grads)), "little")
         assert got == nbytes, (got, nbytes)
 
     def tcp_recv():
@@ -322,6 +341,7 @@ def run_client(args) -> None:
 
     fns = {"grpc_push": grpc_push, "bare_push": bare_send, "tcp_send": tcp_send,
            "grpc_pull": grpc_pull, "bare_pull": bare_recv, "tcp_recv": tcp_recv,
+           "fresh_push": fresh_send, "fresh_pull": lambda: bare_recv(fresh_pull),
            "shm_push": shm_push, "shm_pull": shm_pull,
            "grpc_push_pull": grpc_push_pull, "shm_push_pull": shm_push_pull}
     for _ in range(args.rep_count):
@@ -336,14 +356,25 @@ def run_client(args) -> None:
 
 
 def _bare_stubs(port: int):
-    """The bare stream's two calls, on a channel with towerps' own options."""
+    """The bare stream's three calls, on a channel with towerps' own options."""
     import grpc
 
     from towerps.wire import GRPC_OPTIONS
 
     options = (*GRPC_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1))
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
-    return channel.stream_unary(BARE_PUSH), channel.unary_stream(BARE_PULL)
+    return (channel.stream_unary(BARE_PUSH), channel.unary_stream(BARE_PULL),
+            channel.unary_stream(FRESH_PULL))
+
+
+def _fresh_chunks(tensors):
+    """The tensors' bytes in the wire's chunks, cut when gRPC asks for each."""
+    from towerps.wire import CHUNK_BYTES
+
+    for t in tensors.values():
+        raw = memoryview(t).cast("B")
+        for i in range(0, len(raw), CHUNK_BYTES):
+            yield bytes(raw[i:i + CHUNK_BYTES])
 
 
 def _chunks_of(tensors) -> list[bytes]:
@@ -445,6 +476,9 @@ def summarise(raw: dict) -> dict:
     if "bare_push_mb_per_s" in rate:  # towerps' gRPC path over grpcio's own ceiling
         out["push_vs_bare"] = rate["grpc_push_mb_per_s"] / rate["bare_push_mb_per_s"]
         out["pull_vs_bare"] = rate["grpc_pull_mb_per_s"] / rate["bare_pull_mb_per_s"]
+    if "fresh_push_mb_per_s" in rate:  # ... and over a bare stream that cuts its chunks each call
+        out["push_vs_fresh"] = rate["grpc_push_mb_per_s"] / rate["fresh_push_mb_per_s"]
+        out["pull_vs_fresh"] = rate["grpc_pull_mb_per_s"] / rate["fresh_pull_mb_per_s"]
     if "shm_push_mb_per_s" in rate:  # the same-node transport over the gRPC path
         out["shm_push_vs_grpc"] = rate["shm_push_mb_per_s"] / rate["grpc_push_mb_per_s"]
         out["shm_pull_vs_grpc"] = rate["shm_pull_mb_per_s"] / rate["grpc_pull_mb_per_s"]
@@ -513,6 +547,7 @@ def main(argv=None) -> dict:
              f"(bare gRPC {f['bare_push_mb_per_s']:,.0f}/{f['bare_pull_mb_per_s']:,.0f}, "
              f"TCP {f['tcp_send_mb_per_s']:,.0f}/{f['tcp_recv_mb_per_s']:,.0f}; "
              f"over bare {f['push_vs_bare']:.2f}/{f['pull_vs_bare']:.2f}, "
+             f"over bare with chunks cut each call {f['push_vs_fresh']:.2f}/{f['pull_vs_fresh']:.2f}, "
              f"over TCP {f['push_vs_tcp']:.2f}/{f['pull_vs_tcp']:.2f}; same-node shm "
              f"{f['shm_push_mb_per_s']:,.0f}/{f['shm_pull_mb_per_s']:,.0f}, over gRPC "
              f"{f['shm_push_vs_grpc']:.2f}/{f['shm_pull_vs_grpc']:.2f}; peak RSS shard "

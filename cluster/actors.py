@@ -63,7 +63,8 @@ def _node_record(role: str, index: int) -> dict:
 
 
 # Ray merges these variables into the job's runtime_env (its py_modules and
-# variables stay); .options() without a runtime_env keeps them.
+# variables stay); .options() without a runtime_env keeps them, and one with
+# a runtime_env replaces them: include SHARD_PROCESS_ENV in it.
 @ray.remote(runtime_env={"env_vars": SHARD_PROCESS_ENV})
 class ShardActor:
     """One PS shard and the gRPC server in front of it, bound to the node's address."""

@@ -23,17 +23,21 @@ side there, and one arena would put them behind one lock.
 
 The thresholds govern the main arena. A gRPC handler thread allocates from
 one of glibc's per-thread arenas, whose heaps hold at most 64 MiB each and
-are unmapped when they fall empty: a push of a few large variables (two of
-32 MiB, say) copied out in a handler thread took fresh heaps, and fresh
-pages, at every step, about a fifth of its bytes in page faults through
-gRPC, plus the finiteness check's. So a shard's process also runs with
+are unmapped when they fall empty: a push of a few large variables copied
+out in a handler thread took fresh heaps, and fresh pages, at every step
+(two variables of 32 MiB and one of 8 MiB through gRPC: ~2,000 page faults
+a step, tests/ray/test_shard_memory.py; the transport benchmark's 64 MB
+push: ~3,300, half of them np.isfinite's temporary, which
+towerps.wire.all_finite no longer makes). So a shard's process also runs with
 SHARD_PROCESS_ENV, one arena for all its threads (`MALLOC_ARENA_MAX=1`):
 every block comes from the main heap, under the thresholds above. glibc
 reads that limit before the process's second thread allocates, so it must
 be in the environment the process starts with (the shard actor's
 runtime_env): mallopt(M_ARENA_MAX) in a running Ray worker changes nothing
-(measured). One arena means one malloc lock for all threads; a shard's
-threads mostly wait for each other under Python's GIL and the shard's lock.
+(measured). One arena means one malloc lock for all the process's
+threads, gRPC's C threads included (and TensorFlow's, with a Keras
+optimizer); what that lock costs is inside the benchmarks' figures, not
+measured apart.
 
 Limits: glibc 2.34 and older refuse an mmap threshold above 32 MiB, so
 there a larger block is still mapped fresh each step. The price: freed

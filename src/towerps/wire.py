@@ -66,17 +66,18 @@ def spec_of(array: np.ndarray) -> TensorSpec:
 FINITE_BLOCK = 1 << 16  # elements all_finite checks at a time
 
 
-def all_finite(array: np.ndarray) -> bool:
+def all_finite(array) -> bool:
     """Whether every element of `array` is finite (no NaN or infinity).
 
     Checked a block at a time: `np.isfinite(array).all()` makes a boolean
     array a quarter the size of a float32 one, which a process that frees
     its large blocks (a gRPC handler thread's) faults in afresh at every
-    call; here the one temporary is FINITE_BLOCK booleans. Any dtype numpy's
-    isfinite takes (integers are always finite, bfloat16 is checked), or
-    anything np.asarray makes an array of.
+    call; here the one temporary is FINITE_BLOCK booleans. Takes any dtype
+    numpy's isfinite takes (integers are always finite; bfloat16 is
+    checked) and anything np.asarray takes; an array that is neither C- nor
+    Fortran-ordered (a strided view) is copied once to be read in order.
     """
-    flat = np.asarray(array).reshape(-1)
+    flat = np.ravel(np.asarray(array), order="K")
     out = np.empty(min(flat.size, FINITE_BLOCK), dtype=bool)
     for start in range(0, flat.size, FINITE_BLOCK):
         block = flat[start:start + FINITE_BLOCK]

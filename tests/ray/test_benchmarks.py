@@ -56,13 +56,16 @@ def test_transport(tmp_path):
     assert list(per_size) == ["1MB", "4MB"]
     for size in per_size.values():
         for key in ("grpc_push_mb_per_s", "grpc_pull_mb_per_s", "bare_push_mb_per_s",
-                    "bare_pull_mb_per_s", "tcp_send_mb_per_s", "tcp_recv_mb_per_s"):
+                    "bare_pull_mb_per_s", "fresh_push_mb_per_s", "fresh_pull_mb_per_s",
+                    "tcp_send_mb_per_s", "tcp_recv_mb_per_s"):
             assert size[key] > 0
         # The shard holds the parameters (and the step's buffer): its peak is above them.
         assert size["shard_hwm_bytes"] > size["parameter_bytes"]
         assert size["client_hwm_bytes"] >= size["client_rss_before_bytes"]
         assert size["push_vs_bare"] == pytest.approx(
             size["grpc_push_mb_per_s"] / size["bare_push_mb_per_s"])
+        assert size["pull_vs_fresh"] == pytest.approx(
+            size["grpc_pull_mb_per_s"] / size["fresh_pull_mb_per_s"])
     tls = per_size["1MB"]["tls_vs_plain"]  # --tiny measures 1 MB with TLS too
     assert tls["push"] > 0 and tls["pull"] > 0
 

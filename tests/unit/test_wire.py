@@ -1,3 +1,5 @@
+import tracemalloc
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -137,3 +139,15 @@ def test_all_finite_takes_empty_scalar_integer_and_huge_finite_arrays():
     assert all_finite(np.float32(3.0)) and not all_finite(np.float32(np.nan))
     assert all_finite(np.arange(10, dtype=np.int64))
     assert all_finite(np.full(10, np.finfo(np.float32).max, np.float32))  # finite, however large
+
+
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_all_finite_makes_no_temporary_the_size_of_the_array(layout):
+    array = np.ones((2048, 2048), np.float32, order=layout)  # 16 MiB
+    tracemalloc.start()  # numpy reports its buffers to tracemalloc
+    try:
+        assert all_finite(array)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * FINITE_BLOCK, f"{peak} bytes allocated to check {array.nbytes}"
