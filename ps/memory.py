@@ -16,10 +16,13 @@ counts fewer faults a step than a thirty-second of the pages (or 100),
 through shared memory and gRPC.
 
 A worker actor's process does the same: each pull makes arrays as large as
-the parameters (the transport benchmark's client, which stands for it,
-took ~2,000 page faults a 64 MB pull over gRPC without it, ~2 with it). A worker
-keeps glibc's arenas as they are: TensorFlow's threads allocate side by
-side there, and one arena would put them behind one lock.
+the parameters. Scratch counts, not benchmarks: the transport benchmark's
+client, pulling 64 MB over gRPC on its main thread, took ~2,000 page
+faults a pull without it, ~2 with it; an actor shaped like the worker
+(its methods on two threads, so pulls allocate in per-thread arenas)
+pulling 72 MiB from two shards, ~7,000 a step without it and a few hundred
+with it. A worker keeps glibc's arenas as they are: TensorFlow's threads
+allocate side by side there, and one arena would put them behind one lock.
 
 The thresholds govern the main arena. A gRPC handler thread allocates from
 one of glibc's per-thread arenas, whose heaps hold at most 64 MiB each and
