@@ -568,8 +568,8 @@ def main(argv=None) -> dict:
         notes=["MB = 10^6 bytes. Rates are medians over the rounds; every gRPC call is the "
                "real PSClient against the real shard server, in two processes.",
                "Peak RSS (VmHWM) is read after one real sync step (push applied + pull), "
-               "before the timed rounds; each size runs in fresh processes, and the client's "
-               "includes TensorFlow, which importing towerps.workers loads."],
+               "before the timed rounds; each size runs in fresh processes. The client does "
+               "not import TensorFlow (towerps.workers loads its parts lazily)."],
     )
 
 
