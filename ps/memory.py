@@ -15,24 +15,16 @@ the process keep freed blocks and reuse them: tests/ray/test_shard_memory.py
 counts fewer faults a step than a thirty-second of the pages (or 100),
 through shared memory and gRPC.
 
-A worker actor's process does the same: each pull makes arrays as large as
-the parameters. Scratch counts, not benchmarks: the transport benchmark's
-client, pulling 64 MB over gRPC on its main thread, took ~2,000 page
-faults a pull without it, ~2 with it; an actor shaped like the worker
-(its methods on two threads, so pulls allocate in per-thread arenas)
-pulling 72 MiB from two shards, ~7,000 a step without it and a few hundred
-with it. A worker keeps glibc's arenas as they are: TensorFlow's threads
-allocate side by side there, and one arena would put them behind one lock.
-
 The thresholds govern the main arena. A gRPC handler thread allocates from
 one of glibc's per-thread arenas, whose heaps hold at most 64 MiB each and
 are unmapped when they fall empty: a push of a few large variables copied
 out in a handler thread took fresh heaps, and fresh pages, at every step
 (two variables of 32 MiB and one of 8 MiB through gRPC: ~2,000 page faults
 a step, tests/ray/test_shard_memory.py; the transport benchmark's 64 MB
-push: ~3,300, half of them np.isfinite's temporary, which
-towerps.wire.all_finite no longer makes). So a shard's process also runs with
-SHARD_PROCESS_ENV, one arena for all its threads (`MALLOC_ARENA_MAX=1`):
+push: ~3,300 by perf's page-fault samples, not kept, half of them
+np.isfinite's temporary, which towerps.wire.all_finite no longer makes).
+So a shard's process also runs with SHARD_PROCESS_ENV, one arena for all
+its threads (`MALLOC_ARENA_MAX=1`):
 every block comes from the main heap, under the thresholds above. glibc
 reads that limit before the process's second thread allocates, so it must
 be in the environment the process starts with (the shard actor's
@@ -41,6 +33,16 @@ runtime_env): mallopt(M_ARENA_MAX) in a running Ray worker changes nothing
 threads, gRPC's C threads included (and TensorFlow's, with a Keras
 optimizer); what that lock costs is inside the benchmarks' figures, not
 measured apart.
+
+A worker actor's process keeps its freed memory too (one call to
+keep_freed_memory, no arena setting): each pull makes arrays as large as
+the parameters. Scratch counts, not benchmarks: the transport benchmark's
+client, pulling 64 MB over gRPC on its main thread, took ~2,000 page
+faults a pull without it, ~2 with it; an actor shaped like the worker
+(its methods on two threads, so pulls allocate in per-thread arenas)
+pulling 72 MiB from two shards, ~7,000 a step without it and a few hundred
+with it. A worker keeps glibc's arenas as they are: TensorFlow's threads
+allocate side by side there, and one arena would put them behind one lock.
 
 Limits: glibc 2.34 and older refuse an mmap threshold above 32 MiB, so
 there a larger block is still mapped fresh each step. The price: freed
