@@ -173,9 +173,8 @@ def _bare_server():
 
     def pull_fresh(request, context):
         n = int.from_bytes(request, "little")
-        view = memoryview(arrays.setdefault(n, bytearray(n)))
-        for i in range(0, n, CHUNK_BYTES):
-            yield bytes(view[i:i + CHUNK_BYTES])  # the one copy gRPC Python needs: bytes
+        # Cut at each call: the one copy gRPC Python needs, since it sends bytes.
+        yield from _chunks([arrays.setdefault(n, bytearray(n))])
 
     handler = grpc.method_handlers_generic_handler("bare.Bytes", {
         "Push": grpc.stream_unary_rpc_method_handler(push),
@@ -254,7 +253,7 @@ def run_client(args) -> None:
                           credentials=Credentials(worker_token(secret, 0), tls),
                           same_node=SameNode(args.segment_prefix, 0, (0,)))
     bare_push, bare_pull, fresh_pull = _bare_stubs(args.bare_port)
-    bare_chunks = _chunks_of(grads)
+    bare_chunks = list(_chunks(grads.values()))  # made once
     tcp = socket.create_connection(("127.0.0.1", args.tcp_port))
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     memory = {
@@ -332,7 +331,7 @@ def run_client(args) -> None:
         assert got == nbytes, (got, nbytes)
 
     def fresh_send():  # chunks cut from the arrays at each call, as new gradients must be
-        got = int.from_bytes(bare_push(_fresh_chunks(grads)), "little")
+        got = int.from_bytes(bare_push(_chunks(grads.values())), "little")
         assert got == nbytes, (got, nbytes)
 
     def tcp_recv():
@@ -367,25 +366,16 @@ def _bare_stubs(port: int):
             channel.unary_stream(FRESH_PULL))
 
 
-def _fresh_chunks(tensors):
-    """The tensors' bytes in the wire's chunks, cut when gRPC asks for each."""
+def _chunks(buffers):
+    """The bytes of each buffer (an array, a bytearray) in the wire's chunks,
+    each cut when it is asked for: the bare stream's input, made once
+    (`list(...)`) or at each call."""
     from towerps.wire import CHUNK_BYTES
 
-    for t in tensors.values():
-        raw = memoryview(t).cast("B")
+    for buffer in buffers:
+        raw = memoryview(buffer).cast("B")
         for i in range(0, len(raw), CHUNK_BYTES):
             yield bytes(raw[i:i + CHUNK_BYTES])
-
-
-def _chunks_of(tensors) -> list[bytes]:
-    """The tensors' bytes in the wire's chunks, made once (the bare stream's input)."""
-    from towerps.wire import CHUNK_BYTES
-
-    chunks = []
-    for t in tensors.values():
-        raw = memoryview(t).cast("B")
-        chunks += [bytes(raw[i:i + CHUNK_BYTES]) for i in range(0, len(raw), CHUNK_BYTES)]
-    return chunks
 
 
 def _secrets(args):
