@@ -14,6 +14,13 @@ optimizer and data, in one process: rounds alternate between
            local Ray cluster: real gRPC on loopback, the shard applying the
            optimizer.
 
+Every round starts both from the same initial weights and trains the
+same global batches 0, 1, ...: a Keras model and optimizer built anew, a
+towerps run from step 0. The cost of a step moves as training goes on (on
+the synthetic data, the CIFAR-10 CNN's step gets ~12% cheaper over its
+first 200 steps as its ReLUs die), so a Keras model trained on across
+rounds would be timed on cheaper steps than towerps' fresh run.
+
 Both rates leave out the warm-up (tracing, first steps): Keras' is timed
 after `--warmup-steps`, towerps' is read from the shard's own step log
 (metrics.jsonl, a record every `--log-every` steps as by default) from the
@@ -47,7 +54,9 @@ timed step (ps/memory.py says why they matter).
 
 CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
-at CIFAR-10's cropped shape (24x24x3), which costs the same to train on.
+at CIFAR-10's cropped shape (24x24x3), which costs about the same a step
+at first; on its random labels the model's ReLUs die as it trains, which
+makes later steps cheaper than real data's would be.
 """
 
 from __future__ import annotations
@@ -106,7 +115,8 @@ def load_data(args):
 
 
 def keras_rate(args, dataset, model) -> float:
-    """Examples/s of plain Keras on the same batches, after the warm-up."""
+    """Examples/s of plain Keras on batches 0, 1, ..., after the warm-up;
+    `model` is fresh (a round's start, as a towerps run's)."""
     batch = args.batch_size
     step = 0
 
@@ -124,7 +134,7 @@ def keras_rate(args, dataset, model) -> float:
     return args.steps * batch / (time.perf_counter() - t0)
 
 
-def serial_parts(args, dataset, tower, optimizer) -> dict:
+def serial_parts(args, dataset, tower, optimizer, initial: dict) -> dict:
     """Seconds per step of the two halves of a sync step, which run one after
     the other (the worker waits for the update; the shard, for the
     gradients), timed here in one process on the same batches as Keras:
@@ -138,7 +148,7 @@ def serial_parts(args, dataset, tower, optimizer) -> dict:
     1-shard run would reach about keras_s / (worker_s + update_s) of Keras:
     the round's `ceiling`."""
     batch, trainable = args.batch_size, set(tower.trainable_names)
-    params = tower.get_weights()
+    params = {name: value.copy() for name, value in initial.items()}  # steps 0, 1, ... as the runs
     worker_s = update_s = 0.0
     for step in range(args.warmup_steps + args.steps):
         t0 = time.perf_counter()
@@ -316,11 +326,11 @@ def main(argv=None) -> dict:
         args.model, args.batch_size, args.steps, args.warmup_steps, args.rounds = "mlp", 32, 6, 2, 1
     budget = common.Budget(args.budget_s)
     dataset_name, dataset = load_data(args)
-    model = keras_model(args, dataset)
     from towerps.ps.optimizers import make_optimizer
     from towerps.workers.tower import Tower
 
-    tower, optimizer = Tower(keras_model(args, dataset)), make_optimizer(args.optimizer)
+    tower = Tower(keras_model(args, dataset))
+    initial = tower.get_weights()  # every round's start, as a towerps run's
 
     rounds, kinds = [], transports(args)
     with common.local_ray(num_cpus=4), tempfile.TemporaryDirectory() as tmp:
@@ -328,13 +338,13 @@ def main(argv=None) -> dict:
             # A round takes about as long as the first one did.
             if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
                 break
-            keras_ex_s = keras_rate(args, dataset, model)
-            parts = serial_parts(args, dataset, tower, optimizer)
+            keras_ex_s = keras_rate(args, dataset, keras_model(args, dataset))
+            parts = serial_parts(args, dataset, tower, make_optimizer(args.optimizer), initial)
             keras_s = args.batch_size / keras_ex_s
             runs = {t: towerps_rate(args, dataset_name, os.path.join(tmp, f"r{r}-{t}"), t)
                     for t in in_turns(kinds, r)}
             towerps_ex_s, summary = runs[kinds[0]]
-            pair = paired(args, tower.get_weights(), kinds[0])
+            pair = paired(args, initial, kinds[0])
             rounds.append({
                 "keras_examples_per_s": keras_ex_s,
                 "towerps_examples_per_s": towerps_ex_s,

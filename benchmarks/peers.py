@@ -26,8 +26,12 @@ and global batch (128), one system after the other, round by round:
 
 The gradient computation of keras, towerps and ray_ps is the same code
 (`towerps.workers.Tower` / Keras on the same `DataSet.train_batch` rows);
-the systems differ in how weights and gradients move. Rates leave out the
-warm-up steps. Goal: towerps >= 1.1 x the better peer, and >= 0.9 x keras.
+the systems differ in how weights and gradients move. Every round starts
+every system from the same initial weights and a fresh optimizer, on its
+first batches again (towerps' run is new each round; the others are reset):
+a step's cost moves as training goes on (benchmarks/overhead.py says how),
+so a peer trained on across rounds would be timed on other steps than
+towerps. Rates leave out the warm-up steps. Goal: towerps >= 1.1 x the better peer, and >= 0.9 x keras.
 """
 
 from __future__ import annotations
@@ -91,10 +95,15 @@ class ParameterServer:
     """As in Ray's docs: holds the weights and the optimizer, averages gradients."""
 
     def __init__(self, weights: dict, lr: float):
+        self.lr = lr
+        self.reset(weights)
+
+    def reset(self, weights: dict) -> None:
+        """Back to `weights` with a fresh optimizer (a round's start)."""
         from towerps.ps.optimizers import make_optimizer
 
         self.weights = {n: w.copy() for n, w in weights.items()}
-        self.optimizer = make_optimizer("adam", lr)  # numpy, Keras' arithmetic
+        self.optimizer = make_optimizer("adam", self.lr)  # numpy, Keras' arithmetic
 
     def apply_gradients(self, *gradients) -> dict:
         mean = {n: sum(g[n] for g in gradients) / len(gradients) for n in self.weights}
@@ -131,12 +140,16 @@ class DataWorker:
 class RayPS:
     def __init__(self, args, initial: dict, lr: float):
         dataset = "synthetic" if args.dataset == "synthetic" else args.dataset
+        self.initial = initial
         self.ps = ParameterServer.remote(initial, lr)
         self.workers = [DataWorker.remote(args.model, dataset, r, args.batch_size, 0)
                         for r in range(NUM_WORKERS)]
         self.step = 0
 
     def rate(self, warmup: int, steps: int, batch_size: int) -> float:
+        """Examples/s from the initial weights on batches 0, 1, ..., after `warmup` steps."""
+        self.step = 0
+        ray.get(self.ps.reset.remote(self.initial))
         weights = self.ps.get_weights.remote()
 
         def run(count):
@@ -232,9 +245,14 @@ def _tf_rate(args, spec: dict) -> dict:
         xb, yb = next(iterator)
         return strategy.run(replica_fn, args=(xb, yb))
 
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    # Every round from the same start, as the other systems: the initial
+    # weights, the optimizer as built (slots zero, no iterations), batch 0.
+    start = [(v, v.numpy()) for v in (*model.variables, *optimizer.variables)]
     rates = []
     for _ in range(args.rounds):
+        for variable, value in start:
+            variable.assign(value)
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         for _ in range(args.warmup_steps * NUM_WORKERS):
             coordinator.schedule(step_fn, args=(iterator,))
         coordinator.join()
@@ -284,8 +302,7 @@ def main(argv=None) -> dict:
     from towerps.workers import Tower
 
     dataset = load_data(args)
-    model = overhead.keras_model(args, dataset)
-    initial = Tower(model).get_weights()
+    initial = Tower(overhead.keras_model(args, dataset)).get_weights()
 
     rounds, kinds = [], overhead.transports(args)
     with common.local_ray(num_cpus=8), tempfile.TemporaryDirectory() as tmp:
@@ -294,7 +311,8 @@ def main(argv=None) -> dict:
             for r in range(args.rounds):
                 if rounds and not budget.allows(budget.elapsed_s() / len(rounds)):
                     break
-                rates = {"keras": overhead.keras_rate(args, dataset, model)}
+                rates = {"keras": overhead.keras_rate(args, dataset,
+                                                      overhead.keras_model(args, dataset))}
                 for t in overhead.in_turns(kinds, r):
                     rates[f"towerps_{t}"] = towerps_rate(args, os.path.join(tmp, f"r{r}-{t}"), t)
                 rates["towerps"] = rates[f"towerps_{kinds[0]}"]
