@@ -184,10 +184,11 @@ class PairedSteps:
         _, params = self.client.pull(min_version=0, timeout_s=60.0)
         self.grads, self.loss, _, _ = self._compute(0, params)
 
-    def _compute(self, step: int, weights) -> tuple:
-        """Set `weights`, read batch `step`, compute: (grads, loss, set s, the rest s)."""
+    def _compute(self, step: int, weights, adopt: bool = False) -> tuple:
+        """Set `weights` (`adopt`: as a worker sets what it pulled), read batch
+        `step`, compute: (grads, loss, set s, the rest s)."""
         t0 = time.perf_counter()
-        self.tower.set_weights(weights)
+        self.tower.set_weights(weights, adopt)
         t1 = time.perf_counter()
         x, y = self.dataset.train_batch(step, 0, self.batch, slice(0, self.batch))
         grads, loss = self.tower.compute_gradients(x, y)
@@ -201,7 +202,7 @@ class PairedSteps:
             push_pull_s = time.perf_counter() - t0
             self.step += 1
             # As a worker steps: the pulled weights, then the next batch's gradients...
-            self.grads, self.loss, set_s, after_s = self._compute(self.step, params)
+            self.grads, self.loss, set_s, after_s = self._compute(self.step, params, adopt=True)
             # ...and the same again at once, with no transport before it (the
             # same weights too: how long a compute takes may depend on them).
             _, _, _, alone_s = self._compute(self.step, params)

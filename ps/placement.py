@@ -21,12 +21,14 @@ no bytes are copied); joining copies each sliced variable once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from towerps.errors import BadTensor, ConfigError
+from towerps.wire import aligned_empty
 
 MIN_SLICE_BYTES = 64 * 1024
 
@@ -91,7 +93,11 @@ class PlacementPlan:
                 sliced.setdefault(s.variable, []).append(s)
         for variable, slices in sliced.items():
             slices.sort(key=lambda s: s.start)
-            out[variable] = np.concatenate([parts[s.name] for s in slices], axis=0)
+            pieces = [parts[s.name] for s in slices]
+            shape = (sum(p.shape[0] for p in pieces), *pieces[0].shape[1:])
+            dtype = np.result_type(*pieces)
+            joined = aligned_empty(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+            out[variable] = np.concatenate(pieces, axis=0, out=joined)
         return out
 
 

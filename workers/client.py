@@ -63,7 +63,7 @@ from towerps.ps.placement import PlacementPlan
 from towerps.ps.shard import PushOutcome
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
-from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, wire_code
+from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, widened, wire_code
 from towerps.workers.same_node import PairSegments, SameNode
 
 logger = logging.getLogger(__name__)
@@ -217,10 +217,8 @@ class PSClient:
         for _, tensors in results:
             slices.update(tensors)
         self._count(received=sum(a.nbytes for a in slices.values()))
-        params = self.plan.join(slices)
-        for name, array in params.items():
-            if array.dtype != np.float32:
-                params[name] = array.astype(np.float32)
+        params = {name: widened(array, np.float32)
+                  for name, array in self.plan.join(slices).items()}
         return min(v for v, _ in results), params
 
     def push(

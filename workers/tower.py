@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerps.errors import BadTensor, ConfigError
+from towerps.wire import TENSOR_ALIGNMENT
 from towerps.workers.variables import ModelVariables
 
 
@@ -62,9 +63,17 @@ class Tower:
     def get_weights(self) -> dict[str, np.ndarray]:
         return {n: np.asarray(v.numpy(), dtype=np.float32) for n, v in self._travelling.items()}
 
-    def set_weights(self, params: Mapping[str, np.ndarray]) -> None:
+    def set_weights(self, params: Mapping[str, np.ndarray], adopt: bool = False) -> None:
         """Assign every travelling variable; `params` must name each one exactly,
-        in its shape. All or nothing: a wrong `params` raises BadTensor first."""
+        in its shape. All or nothing: a wrong `params` raises BadTensor first.
+
+        `adopt`: the caller hands the arrays over (a worker's freshly pulled
+        parameters) and must not write to them or read them for these
+        values afterwards. Each one that TensorFlow can take as it is
+        (`_adoptable`) reaches the assignment without a copy on the way,
+        through DLPack, and a CPU variable may keep its memory: the pulled
+        bytes are then copied once, from the segment or the stream, instead
+        of three times. Otherwise every array is copied, as `adopt=False`."""
         if set(params) != set(self._travelling):
             raise BadTensor(
                 "parameters do not match the model: missing "
@@ -76,7 +85,11 @@ class Tower:
                  if np.shape(params[name]) != tuple(variable.shape)]
         if wrong:
             raise BadTensor(f"parameters of the wrong shape (nothing was set): {wrong[:5]}")
-        self._assign_fn([params[name] for name in self._travelling])
+        values = [params[name] for name in self._travelling]
+        if adopt:
+            values = [_as_tensor(value, np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype))
+                      for value, variable in zip(values, self._travelling.values())]
+        self._assign_fn(values)
 
     def _assign_all(self, values) -> None:
         for variable, value in zip(self._travelling.values(), values):
@@ -109,6 +122,24 @@ class Tower:
         updates = {n: np.asarray(g.numpy(), np.float32) for n, g in zip(self._trainable, grads)}
         updates.update((n, np.asarray(s.numpy(), np.float32)) for n, s in zip(self._state, state))
         return updates, float(loss)
+
+
+def _as_tensor(array: np.ndarray, dtype: np.dtype):
+    """`array` as a CPU tensor over its own memory, where TensorFlow can take
+    it (_adoptable); otherwise `array` itself, which the assignment copies."""
+    if not _adoptable(array, dtype):
+        return array
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def _adoptable(array, dtype: np.dtype) -> bool:
+    """A tensor over `array`'s memory is sound: a writable, C-contiguous numpy
+    array of the variable's dtype, non-empty, at TensorFlow's alignment
+    (TENSOR_ALIGNMENT; the pulled arrays are made so), since TensorFlow's
+    kernels abort on a tensor that is not aligned as its allocator aligns."""
+    return (isinstance(array, np.ndarray) and array.dtype == dtype
+            and array.size > 0 and array.flags.c_contiguous and array.flags.writeable
+            and array.ctypes.data % TENSOR_ALIGNMENT == 0)
 
 
 def _resolve_loss(model: keras.Model, loss):

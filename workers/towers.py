@@ -111,8 +111,13 @@ class TowerGroup:
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.towers[0].get_weights()
 
-    def set_weights(self, params: Mapping[str, np.ndarray]) -> None:
-        """Assign `params` to every replica (concurrently: one copy per device)."""
+    def set_weights(self, params: Mapping[str, np.ndarray], adopt: bool = False) -> None:
+        """Assign `params` to every replica (concurrently: one copy per device).
+        `adopt` (Tower.set_weights) holds for a lone tower only: replicas
+        must not share their variables' memory."""
+        if len(self.towers) == 1:
+            self.towers[0].set_weights(params, adopt)
+            return
         self._map(lambda tower: tower.set_weights(params), self.towers)
 
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, np.ndarray], float]:

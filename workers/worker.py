@@ -218,7 +218,8 @@ class Worker:
             return None
         if spec.mode.batches_by_version:
             report.versions_skipped += version - wanted
-        self.tower.set_weights(params)
+        # The pulled arrays are this step's alone: the tower may keep them.
+        self.tower.set_weights(params, adopt=True)
         t1 = time.perf_counter()
         data_step = version if spec.mode.batches_by_version else own_step
         x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, self.part)

@@ -39,7 +39,7 @@ import numpy as np
 
 from towerps.errors import BadRequest, BadTensor
 from towerps.proto import towerps_pb2 as pb
-from towerps.wire import WIRE_DTYPES, TensorSpec, dtype_of, wire_code
+from towerps.wire import WIRE_DTYPES, TensorSpec, aligned_empty, dtype_of, widened, wire_code
 
 SEGMENT_DIR = "/dev/shm"
 TRANSPORTS = ("shm", "grpc")  # --same-node-transport
@@ -193,14 +193,14 @@ def read_tensors(fd: int, shared: Sequence[pb.SharedTensor],
         spec = _checked_spec(entry, expected, size)
         if entry.name in out:
             raise BadTensor(f"shared tensor {entry.name!r} is described twice")
-        buf = np.empty(entry.length, np.uint8)
+        buf = aligned_empty(entry.length)
         got = os.preadv(fd, [buf], entry.offset) if entry.length else 0
         if got != entry.length:
             raise BadTensor(f"shared tensor {entry.name!r}: read {got} of {entry.length} bytes "
                             "(the segment shrank while it was read)")
         array = buf.view(spec.dtype).reshape(spec.shape)  # checked: length = dtype x shape
         want = expected[entry.name].dtype if expected is not None else spec.dtype
-        out[entry.name] = array if array.dtype == want else array.astype(want)
+        out[entry.name] = widened(array, want)
     return out
 
 

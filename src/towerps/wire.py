@@ -7,7 +7,7 @@ gRPC message approaches MAX_MESSAGE_BYTES, whatever the tensor size.
 Writing and parsing the messages themselves is `src/towerps/codec.py`.
 
 Copies: the receiver writes each chunk once into a preallocated buffer
-that becomes the array.
+that becomes the array, aligned as TensorFlow aligns its own tensors.
 """
 
 from __future__ import annotations
@@ -84,6 +84,31 @@ def all_finite(array) -> bool:
         if not np.isfinite(block, out=out[:block.size]).all():
             return False
     return True
+
+
+# TensorFlow's allocator aligns every tensor to this; a tensor made over
+# numpy memory (DLPack, workers/tower.py) must start at such an address, or
+# kernels that assume the alignment abort the process.
+TENSOR_ALIGNMENT = 64
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of `nbytes` whose data starts at a multiple
+    of TENSOR_ALIGNMENT: received tensors are built in one, so a worker can
+    hand them to TensorFlow without a copy."""
+    raw = np.empty(nbytes + TENSOR_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % TENSOR_ALIGNMENT
+    return raw[start:start + nbytes]
+
+
+def widened(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`array` in `dtype` (a received compact float widened to float32), in
+    aligned memory as `aligned_empty`'s; `array` itself when already in it."""
+    if array.dtype == dtype:
+        return array
+    out = aligned_empty(array.size * np.dtype(dtype).itemsize).view(dtype).reshape(array.shape)
+    np.copyto(out, array, casting="unsafe")
+    return out
 
 
 # Compact dtypes a float32 tensor may travel in (gradients and parameters);
@@ -195,8 +220,8 @@ class TensorAssembler:
                     f"expected dtype {want.dtype} shape {want.shape}"
                 )
         self._specs[name] = spec
-        # np.empty, not bytearray: no zero-fill of bytes about to be overwritten.
-        self._buffers[name] = np.empty(spec.nbytes, np.uint8)
+        # Not bytearray: no zero-fill of bytes about to be overwritten.
+        self._buffers[name] = aligned_empty(spec.nbytes)
         self._received[name] = 0
         self._chunks[name] = 0
 
@@ -216,7 +241,7 @@ class TensorAssembler:
                 )
             array = buf.view(spec.dtype).reshape(spec.shape)
             want = self._expected[name].dtype if self._expected is not None else spec.dtype
-            out[name] = array if array.dtype == want else array.astype(want)
+            out[name] = widened(array, want)
         return out
 
 

@@ -24,8 +24,8 @@ class PoisonedTower:
     def __init__(self, tower: Tower, at: int | None):
         self.tower, self.at, self.calls = tower, at, 0
 
-    def set_weights(self, params):
-        self.tower.set_weights(params)
+    def set_weights(self, params, adopt=False):
+        self.tower.set_weights(params, adopt)
 
     def compute_gradients(self, x, y):
         grads, loss = self.tower.compute_gradients(x, y)

@@ -21,8 +21,8 @@ class GatedTower:
         self.tower, self.gates, self.calls = tower, gates, 0
         self.arrived = {k: threading.Event() for k in gates}
 
-    def set_weights(self, params):
-        self.tower.set_weights(params)
+    def set_weights(self, params, adopt=False):
+        self.tower.set_weights(params, adopt)
 
     def compute_gradients(self, x, y):
         k, self.calls = self.calls, self.calls + 1

@@ -3,6 +3,7 @@ import pytest
 
 from towerps.errors import BadTensor, ConfigError
 from towerps.ps.placement import plan_placement
+from towerps.wire import TENSOR_ALIGNMENT
 
 from ..shapes import CIFAR10_CNN
 
@@ -48,6 +49,9 @@ def test_split_and_join_round_trip_exactly_and_split_makes_no_copies():
     assert set(joined) == set(tensors)
     for name in tensors:
         np.testing.assert_array_equal(joined[name], tensors[name])
+    # A sliced variable is joined into memory TensorFlow can take as it is.
+    sliced = {s.variable for s in plan.slices if not s.whole}
+    assert sliced and all(joined[v].ctypes.data % TENSOR_ALIGNMENT == 0 for v in sliced)
 
 
 def test_plan_is_deterministic_and_names_its_slices():

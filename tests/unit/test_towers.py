@@ -15,6 +15,7 @@ from towerps.errors import BadTensor, ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.workers.faults import Faults
+from towerps.wire import aligned_empty
 from towerps.workers.towers import TowerGroup
 
 pytestmark = pytest.mark.unit
@@ -94,6 +95,61 @@ def test_set_weights_is_all_or_nothing_and_takes_narrow_floats(data):
     half = {n: np.full(w.shape, 0.5, np.float16) for n, w in before.items()}
     tower.set_weights(half)
     assert all(np.all(w == 0.5) and w.dtype == np.float32 for w in tower.get_weights().values())
+
+
+def aligned_copy(array, dtype=np.float32):
+    out = aligned_empty(array.size * np.dtype(dtype).itemsize).view(dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+def test_adopted_weights_train_exactly_as_copied_ones(data):
+    """A worker hands its freshly pulled arrays over (adopt=True): SGD steps
+    with them give, bit for bit, what copied weights give. Arrays TensorFlow
+    cannot take as they are (not aligned, read-only, strided, float16) are
+    copied instead, whatever `adopt` says."""
+    copied, adopted = Tower(make_model(data)()), Tower(make_model(data)())
+    params = copied.get_weights()
+    sgd = make_optimizer("sgd", 0.1)
+    for step in range(3):
+        x, y = data.train_batch(step, 1, 32, slice(0, 32))
+        copied.set_weights(params)
+        adopted.set_weights({n: aligned_copy(a) for n, a in params.items()}, adopt=True)
+        grads, loss = copied.compute_gradients(x, y)
+        grads_adopted, loss_adopted = adopted.compute_gradients(x, y)
+        assert loss_adopted == loss
+        for name in grads:
+            np.testing.assert_array_equal(grads_adopted[name], grads[name])
+        sgd.apply(params, grads)
+    names = list(params)
+    odd = {n: aligned_copy(a) for n, a in params.items()}
+    unaligned = np.empty(odd[names[0]].size + 1, np.float32)[1:].reshape(odd[names[0]].shape)
+    unaligned[...] = params[names[0]]
+    odd[names[0]] = unaligned
+    odd[names[1]].flags.writeable = False
+    odd[names[2]] = np.asfortranarray(params[names[2]]) if params[names[2]].ndim > 1 \
+        else params[names[2]][::-1].copy()[::-1]
+    odd[names[3]] = params[names[3]].astype(np.float16)
+    adopted.set_weights(odd, adopt=True)
+    for name, value in adopted.get_weights().items():
+        np.testing.assert_array_equal(value, np.asarray(odd[name], np.float32))
+    copied.set_weights(odd)  # and the kernels read them as they read their own
+    for name, grad in adopted.compute_gradients(x, y)[0].items():
+        np.testing.assert_array_equal(grad, copied.compute_gradients(x, y)[0][name])
+
+
+def test_weights_are_copied_unless_adopted_and_replicas_never_share_them(data):
+    """set_weights copies: the caller may change its arrays afterwards. A
+    group of several towers copies even when asked to adopt, so no two
+    replicas share their variables' memory."""
+    tower, group = Tower(make_model(data)()), group_of(data, 2)
+    params = {n: aligned_copy(np.full(w.shape, 0.25)) for n, w in tower.get_weights().items()}
+    tower.set_weights(params)
+    group.set_weights(params, adopt=True)
+    for array in params.values():
+        array[...] = 9.0
+    for replica in (tower, *group.towers):
+        assert all(np.all(w == 0.25) for w in replica.get_weights().values())
 
 
 def test_rows_split_contiguously_with_at_least_one_row_per_tower(data):

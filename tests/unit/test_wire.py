@@ -7,7 +7,10 @@ import pytest
 from towerps.codec import parse_part, pull_stream, push_stream, read_push
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
-from towerps.wire import CHUNK_BYTES, FINITE_BLOCK, TensorSpec, all_finite, decode_tensors
+from towerps.wire import (
+    CHUNK_BYTES, FINITE_BLOCK, TENSOR_ALIGNMENT, TensorSpec, aligned_empty, all_finite,
+    decode_tensors, widened,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -52,6 +55,37 @@ def test_a_tensor_over_4_mib_travels_in_chunks_of_at_most_1_mib():
     assert len(chunks) == -(-weights.nbytes // CHUNK_BYTES)
     assert max(len(c.data) for c in chunks) == CHUNK_BYTES
     np.testing.assert_array_equal(decode_tensors(chunks)["local3/kernel"], weights)
+
+
+def test_decoded_arrays_start_at_tensorflows_alignment_compact_floats_widened_too():
+    """A worker hands pulled arrays to TensorFlow without a copy only when
+    they are aligned as its own tensors (workers/tower.py)."""
+    rng = np.random.default_rng(2)
+    tensors = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate((1, 3, 17))}
+    tensors["f16"] = rng.standard_normal((5, 3)).astype(np.float16)
+    expected = {n: TensorSpec(np.dtype(np.float32), a.shape) for n, a in tensors.items()}
+    out = decode_tensors(encode_tensors(tensors), expected)
+    for name, array in out.items():
+        assert array.ctypes.data % TENSOR_ALIGNMENT == 0, name
+        assert array.dtype == np.float32 and array.flags.writeable
+        np.testing.assert_array_equal(array, tensors[name].astype(np.float32))
+
+
+@pytest.mark.parametrize("nbytes", [1, 63, 64, 65, 4096 + 3, 3 << 20])
+def test_aligned_empty_is_aligned_and_exactly_as_long(nbytes):
+    buffers = [aligned_empty(nbytes) for _ in range(8)]  # not only a lucky first address
+    for buf in buffers:
+        assert buf.nbytes == nbytes and buf.dtype == np.uint8 and buf.flags.c_contiguous
+        assert buf.ctypes.data % TENSOR_ALIGNMENT == 0
+
+
+def test_widened_copies_into_aligned_memory_and_keeps_an_array_already_in_its_dtype():
+    half = np.arange(12, dtype=np.float16).reshape(3, 4)[:, 1:]  # a strided view
+    wide = widened(half, np.dtype(np.float32))
+    assert wide.dtype == np.float32 and wide.ctypes.data % TENSOR_ALIGNMENT == 0
+    np.testing.assert_array_equal(wide, half.astype(np.float32))
+    same = np.ones(3, np.float32)
+    assert widened(same, np.dtype(np.float32)) is same
 
 
 def test_decoded_arrays_are_writable_and_not_views_of_the_source():
