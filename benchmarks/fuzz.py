@@ -87,6 +87,7 @@ class ShardProcess:
         import grpc
 
         from towerps.auth import bearer, new_job_secret, worker_token, write_token_file
+        from towerps.ps.memory import SHARD_PROCESS_ENV
         from towerps.shm import new_run_prefix
 
         self._dir = tempfile.TemporaryDirectory(prefix="towerps-fuzz-")
@@ -97,6 +98,7 @@ class ShardProcess:
         self.process = common.run_module_child(
             __file__, ["--role", "shard", "--token-file", token_file,
                        "--segment-prefix", self.prefix],
+            extra_env=SHARD_PROCESS_ENV,  # as a shard actor's process: its RSS is measured
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = json.loads(self.process.stdout.readline())
         self.pid = ready["pid"]
