@@ -56,7 +56,7 @@ CIFAR-10 itself cannot be downloaded on machines without internet: the
 default reads it from --data-dir when there, else uses the synthetic data set
 at CIFAR-10's cropped shape (24x24x3), which costs about the same a step
 at first; on its random labels the model's ReLUs die as it trains, which
-makes later steps cheaper than real data's would be.
+makes later steps cheaper (real data's may not: not measured here).
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def serial_parts(args, dataset, tower, optimizer, initial: dict) -> dict:
     the other (the worker waits for the update; the shard, for the
     gradients), timed here in one process on the same batches as Keras:
 
-      worker_s   the worker's half: set the pulled weights, read the batch,
+      worker_s   the worker's half: set the pulled weights (handed over, as
+                 a worker hands over what it pulled), read the batch,
                  compute the gradients (`Tower`, as a worker actor runs it);
       update_s   the shard's optimizer update of the same variables (numpy,
                  `towerps.ps.optimizers`, as a shard runs it).
@@ -151,8 +152,9 @@ def serial_parts(args, dataset, tower, optimizer, initial: dict) -> dict:
     params = {name: value.copy() for name, value in initial.items()}  # steps 0, 1, ... as the runs
     worker_s = update_s = 0.0
     for step in range(args.warmup_steps + args.steps):
+        pulled = handed_over(params)  # what a pull makes: fresh aligned arrays
         t0 = time.perf_counter()
-        tower.set_weights(params)
+        tower.set_weights(pulled, adopt=True)
         x, y = dataset.train_batch(step, 0, batch, slice(0, batch))
         grads, _ = tower.compute_gradients(x, y)
         t1 = time.perf_counter()
@@ -161,6 +163,18 @@ def serial_parts(args, dataset, tower, optimizer, initial: dict) -> dict:
         if step >= args.warmup_steps:
             worker_s, update_s = worker_s + t1 - t0, update_s + t2 - t1
     return {"worker_s": worker_s / args.steps, "update_s": update_s / args.steps}
+
+
+def handed_over(params: dict) -> dict:
+    """Copies of `params` in fresh aligned memory, as a pull builds them, for
+    `Tower.set_weights(..., adopt=True)`, which may keep them."""
+    from towerps.wire import aligned_empty
+
+    out = {}
+    for name, array in params.items():
+        out[name] = aligned_empty(array.nbytes).view(array.dtype).reshape(array.shape)
+        out[name][...] = array
+    return out
 
 
 @ray.remote(num_cpus=1)
@@ -201,11 +215,12 @@ class PairedSteps:
                                                  60.0)
             push_pull_s = time.perf_counter() - t0
             self.step += 1
+            again = handed_over(params)  # the pulled arrays are handed over below
             # As a worker steps: the pulled weights, then the next batch's gradients...
             self.grads, self.loss, set_s, after_s = self._compute(self.step, params, adopt=True)
             # ...and the same again at once, with no transport before it (the
             # same weights too: how long a compute takes may depend on them).
-            _, _, _, alone_s = self._compute(self.step, params)
+            _, _, _, alone_s = self._compute(self.step, again, adopt=True)
             if timed:
                 for key, seconds in (("after", after_s), ("alone", alone_s),
                                      ("push_pull", push_pull_s), ("set", set_s)):

@@ -31,7 +31,8 @@ every system from the same initial weights and a fresh optimizer, on its
 first batches again (towerps' run is new each round; the others are reset):
 a step's cost moves as training goes on (benchmarks/overhead.py says how),
 so a peer trained on across rounds would be timed on other steps than
-towerps. Rates leave out the warm-up steps. Goal: towerps >= 1.1 x the better peer, and >= 0.9 x keras.
+towerps. Rates leave out the warm-up steps. Goal: towerps >= 1.1 x the
+better peer, and >= 0.9 x keras.
 """
 
 from __future__ import annotations

@@ -39,6 +39,9 @@ class Tower:
         self._trainable = self.variables.trainable
         self._state = self.variables.state
         self._travelling = self.variables.all
+        # Each variable's numpy dtype: what an array must be to be adopted.
+        self._dtypes = [np.dtype(tf.as_dtype(v.dtype).as_numpy_dtype)
+                        for v in self._travelling.values()]
         self._loss = _resolve_loss(model, loss)
         self._grad_fn = None  # traced at the first batch, for any batch size
         # Every assignment in one call: one dispatch per step, not one per variable.
@@ -87,8 +90,7 @@ class Tower:
             raise BadTensor(f"parameters of the wrong shape (nothing was set): {wrong[:5]}")
         values = [params[name] for name in self._travelling]
         if adopt:
-            values = [_as_tensor(value, np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype))
-                      for value, variable in zip(values, self._travelling.values())]
+            values = [_as_tensor(value, dtype) for value, dtype in zip(values, self._dtypes)]
         self._assign_fn(values)
 
     def _assign_all(self, values) -> None:

@@ -101,9 +101,10 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def widened(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """`array` in `dtype` (a received compact float widened to float32), in
-    aligned memory as `aligned_empty`'s; `array` itself when already in it."""
+def widened(array: np.ndarray, dtype) -> np.ndarray:
+    """`array` in `dtype` (a received compact float widened to float32): a
+    copy in aligned memory as `aligned_empty`'s, or, when `array` is in
+    `dtype` already, `array` itself, aligned or not."""
     if array.dtype == dtype:
         return array
     out = aligned_empty(array.size * np.dtype(dtype).itemsize).view(dtype).reshape(array.shape)

@@ -14,8 +14,9 @@ from tests.unit.fresh import run_fresh
 from towerps.errors import BadTensor, ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
-from towerps.workers.faults import Faults
 from towerps.wire import aligned_empty
+from towerps.workers.faults import Faults
+from towerps.workers.tower import _adoptable
 from towerps.workers.towers import TowerGroup
 
 pytestmark = pytest.mark.unit
@@ -130,12 +131,55 @@ def test_adopted_weights_train_exactly_as_copied_ones(data):
     odd[names[2]] = np.asfortranarray(params[names[2]]) if params[names[2]].ndim > 1 \
         else params[names[2]][::-1].copy()[::-1]
     odd[names[3]] = params[names[3]].astype(np.float16)
+    f32 = np.dtype(np.float32)
+    assert [_adoptable(odd[n], f32) for n in names[:5]] == [False, False, False, False, True]
     adopted.set_weights(odd, adopt=True)
     for name, value in adopted.get_weights().items():
         np.testing.assert_array_equal(value, np.asarray(odd[name], np.float32))
     copied.set_weights(odd)  # and the kernels read them as they read their own
     for name, grad in adopted.compute_gradients(x, y)[0].items():
         np.testing.assert_array_equal(grad, copied.compute_gradients(x, y)[0][name])
+
+
+def test_an_adopted_array_is_the_variable_itself_no_copy_on_the_way(data):
+    """What adopting is for: TensorFlow takes the array's memory as the CPU
+    variable's (pins the no-copy path; copying would pass every other test)."""
+    tower = Tower(make_model(data)())
+    params = {n: aligned_copy(a) for n, a in tower.get_weights().items()}
+    tower.set_weights(params, adopt=True)
+    for array in params.values():
+        array[...] = 3.0  # only a test writes after handing over
+    assert all(np.all(w == 3.0) for w in tower.get_weights().values())
+
+
+def test_adopted_weights_and_batch_norm_state_train_as_copied_ones(data):
+    """Float state (BatchNormalization's moving statistics) is written by the
+    forward pass into the variables, adopted memory or not: the new state
+    and the gradients match the copying path bit for bit."""
+    import keras
+
+    def model():
+        keras.utils.set_random_seed(3)
+        m = keras.Sequential([keras.Input(data.input_shape), keras.layers.Flatten(),
+                              keras.layers.Dense(16), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(data.num_classes)])
+        m.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    copied, adopted = Tower(model()), Tower(model())
+    assert copied.state_names  # the moving mean and variance travel
+    params = copied.get_weights()
+    for step in range(3):
+        x, y = data.train_batch(step, 1, 32, slice(0, 32))
+        copied.set_weights(params)
+        adopted.set_weights({n: aligned_copy(a) for n, a in params.items()}, adopt=True)
+        updates, loss = copied.compute_gradients(x, y)
+        updates_adopted, loss_adopted = adopted.compute_gradients(x, y)
+        assert loss_adopted == loss
+        for name in updates:
+            np.testing.assert_array_equal(updates_adopted[name], updates[name])
+        params = {n: params[n] - 0.1 * updates[n] if n in copied.trainable_names else updates[n]
+                  for n in params}
 
 
 def test_weights_are_copied_unless_adopted_and_replicas_never_share_them(data):
