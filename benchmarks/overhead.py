@@ -168,13 +168,9 @@ def serial_parts(args, dataset, tower, optimizer, initial: dict) -> dict:
 def handed_over(params: dict) -> dict:
     """Copies of `params` in fresh aligned memory, as a pull builds them, for
     `Tower.set_weights(..., adopt=True)`, which may keep them."""
-    from towerps.wire import aligned_empty
+    from towerps.wire import aligned_copy
 
-    out = {}
-    for name, array in params.items():
-        out[name] = aligned_empty(array.nbytes).view(array.dtype).reshape(array.shape)
-        out[name][...] = array
-    return out
+    return {name: aligned_copy(array) for name, array in params.items()}
 
 
 @ray.remote(num_cpus=1)

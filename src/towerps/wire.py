@@ -101,15 +101,20 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def widened(array: np.ndarray, dtype) -> np.ndarray:
-    """`array` in `dtype` (a received compact float widened to float32): a
-    copy in aligned memory as `aligned_empty`'s, or, when `array` is in
-    `dtype` already, `array` itself, aligned or not."""
-    if array.dtype == dtype:
-        return array
-    out = aligned_empty(array.size * np.dtype(dtype).itemsize).view(dtype).reshape(array.shape)
+def aligned_copy(array: np.ndarray, dtype=None) -> np.ndarray:
+    """A copy of `array` (in `dtype`, default its own) in aligned memory as
+    `aligned_empty`'s: what a worker may hand over to TensorFlow."""
+    dtype = np.dtype(array.dtype if dtype is None else dtype)
+    out = aligned_empty(array.size * dtype.itemsize).view(dtype).reshape(array.shape)
     np.copyto(out, array, casting="unsafe")
     return out
+
+
+def widened(array: np.ndarray, dtype) -> np.ndarray:
+    """`array` in `dtype` (a received compact float widened to float32): an
+    `aligned_copy`, or, when `array` is in `dtype` already, `array` itself,
+    aligned or not."""
+    return array if array.dtype == dtype else aligned_copy(array, dtype)
 
 
 # Compact dtypes a float32 tensor may travel in (gradients and parameters);

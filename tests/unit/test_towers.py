@@ -14,7 +14,7 @@ from tests.unit.fresh import run_fresh
 from towerps.errors import BadTensor, ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
-from towerps.wire import aligned_empty
+from towerps.wire import aligned_copy
 from towerps.workers.faults import Faults
 from towerps.workers.tower import _adoptable
 from towerps.workers.towers import TowerGroup
@@ -98,10 +98,22 @@ def test_set_weights_is_all_or_nothing_and_takes_narrow_floats(data):
     assert all(np.all(w == 0.5) and w.dtype == np.float32 for w in tower.get_weights().values())
 
 
-def aligned_copy(array, dtype=np.float32):
-    out = aligned_empty(array.size * np.dtype(dtype).itemsize).view(dtype).reshape(array.shape)
-    out[...] = array
-    return out
+def assert_adopted_trains_as_copied(copied, adopted, data, step):
+    """Three steps from `copied`'s weights, each set copied into one tower and
+    handed over to the other: the same loss and updates, bit for bit.
+    `step(params, updates)` gives the next step's parameters."""
+    params = copied.get_weights()
+    for index in range(3):
+        x, y = data.train_batch(index, 1, 32, slice(0, 32))
+        copied.set_weights(params)
+        adopted.set_weights({n: aligned_copy(a) for n, a in params.items()}, adopt=True)
+        updates, loss = copied.compute_gradients(x, y)
+        updates_adopted, loss_adopted = adopted.compute_gradients(x, y)
+        assert loss_adopted == loss
+        for name in updates:
+            np.testing.assert_array_equal(updates_adopted[name], updates[name])
+        params = step(params, updates)
+    return params, x, y
 
 
 def test_adopted_weights_train_exactly_as_copied_ones(data):
@@ -110,18 +122,13 @@ def test_adopted_weights_train_exactly_as_copied_ones(data):
     cannot take as they are (not aligned, read-only, strided, float16) are
     copied instead, whatever `adopt` says."""
     copied, adopted = Tower(make_model(data)()), Tower(make_model(data)())
-    params = copied.get_weights()
     sgd = make_optimizer("sgd", 0.1)
-    for step in range(3):
-        x, y = data.train_batch(step, 1, 32, slice(0, 32))
-        copied.set_weights(params)
-        adopted.set_weights({n: aligned_copy(a) for n, a in params.items()}, adopt=True)
-        grads, loss = copied.compute_gradients(x, y)
-        grads_adopted, loss_adopted = adopted.compute_gradients(x, y)
-        assert loss_adopted == loss
-        for name in grads:
-            np.testing.assert_array_equal(grads_adopted[name], grads[name])
+
+    def sgd_step(params, grads):
         sgd.apply(params, grads)
+        return params
+
+    params, x, y = assert_adopted_trains_as_copied(copied, adopted, data, sgd_step)
     names = list(params)
     odd = {n: aligned_copy(a) for n, a in params.items()}
     unaligned = np.empty(odd[names[0]].size + 1, np.float32)[1:].reshape(odd[names[0]].shape)
@@ -168,18 +175,12 @@ def test_adopted_weights_and_batch_norm_state_train_as_copied_ones(data):
 
     copied, adopted = Tower(model()), Tower(model())
     assert copied.state_names  # the moving mean and variance travel
-    params = copied.get_weights()
-    for step in range(3):
-        x, y = data.train_batch(step, 1, 32, slice(0, 32))
-        copied.set_weights(params)
-        adopted.set_weights({n: aligned_copy(a) for n, a in params.items()}, adopt=True)
-        updates, loss = copied.compute_gradients(x, y)
-        updates_adopted, loss_adopted = adopted.compute_gradients(x, y)
-        assert loss_adopted == loss
-        for name in updates:
-            np.testing.assert_array_equal(updates_adopted[name], updates[name])
-        params = {n: params[n] - 0.1 * updates[n] if n in copied.trainable_names else updates[n]
-                  for n in params}
+
+    def step(params, updates):  # plain SGD on the trainable, the new state as it came
+        return {n: params[n] - 0.1 * updates[n] if n in copied.trainable_names else updates[n]
+                for n in params}
+
+    assert_adopted_trains_as_copied(copied, adopted, data, step)
 
 
 def test_weights_are_copied_unless_adopted_and_replicas_never_share_them(data):
@@ -187,7 +188,8 @@ def test_weights_are_copied_unless_adopted_and_replicas_never_share_them(data):
     group of several towers copies even when asked to adopt, so no two
     replicas share their variables' memory."""
     tower, group = Tower(make_model(data)()), group_of(data, 2)
-    params = {n: aligned_copy(np.full(w.shape, 0.25)) for n, w in tower.get_weights().items()}
+    params = {n: aligned_copy(np.full(w.shape, 0.25), np.float32)
+              for n, w in tower.get_weights().items()}
     tower.set_weights(params)
     group.set_weights(params, adopt=True)
     for array in params.values():
