@@ -235,6 +235,9 @@ class WorkerJob:
     # the shards on its own node.
     same_node: str | None = None
     shard_nodes: tuple[str, ...] = ()
+    # Each worker's Ray node id, by rank: workers that share a node share its
+    # cores (workers/devices.py share_cores). Empty: each computes alone.
+    worker_nodes: tuple[str, ...] = ()
 
 
 # Two threads: `progress` and `redirect` answer while `run` goes on.
@@ -281,14 +284,17 @@ class WorkerActor:
 
     def _build(self, spec, job: WorkerJob, inputs) -> None:
         """The slow part of setting up: devices, data set, towers (seconds)."""
-        from towerps.workers.devices import DeviceConfig, configure_devices
+        from towerps.workers.devices import (DeviceConfig, configure_devices, share_cores,
+                                             tensorflow_threads)
         from towerps.workers.faults import Faults
         from towerps.workers.towers import TowerGroup
 
         # Devices first: TensorFlow fixes them when it initialises. A bad
         # setting (a GPU that is not there) fails here, before any step.
-        config = job.devices or DeviceConfig()
+        here = ray.get_runtime_context().get_node_id()
+        config = share_cores(job.devices or DeviceConfig(), job.worker_nodes.count(here))
         devices = configure_devices(config, assigned_gpus=ray.get_gpu_ids())
+        self._threads = tensorflow_threads()
 
         self._dataset, make_model = _data_and_model(spec, job, inputs)
         # Test-only slowdowns wrap the towers; the worker loop cannot tell.
@@ -312,6 +318,7 @@ class WorkerActor:
                               faults.wrap_client(self._rank, client))
         record = _node_record("worker", self._rank)
         record["devices"] = self._towers.devices
+        record.update(self._threads)  # TensorFlow's pools; 0: its default, a thread per core
         record["ray_gpu_ids"] = [str(i) for i in ray.get_gpu_ids()]
         # The shards this worker reaches through shared memory (the rest: gRPC).
         record["same_node_shards"] = list(self._same_node.shards) if self._same_node else []

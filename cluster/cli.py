@@ -196,8 +196,10 @@ def _add_device_flags(group) -> None:
     add("--cpu-only", action="store_true", help="no GPU towers, even where GPUs are visible")
     add("--memory-growth", action="store_true", help="GPU memory grows as needed (allow_growth)")
     add("--gpu-memory-limit-mb", type=int, default=None, help="memory limit of each GPU tower")
-    add("--intra-op-threads", type=int, default=0, help="0: TensorFlow's default")
-    add("--inter-op-threads", type=int, default=0, help="0: TensorFlow's default")
+    shared = ("0: TensorFlow's default (a thread per core), or, when several workers "
+              "share a node, each worker's share of its cores")
+    add("--intra-op-threads", type=int, default=0, help=shared)
+    add("--inter-op-threads", type=int, default=0, help=shared)
     add("--no-soft-placement", dest="soft_placement", action="store_false",
         help="fail on ops that cannot run on the tower's device instead of moving them")
     add("--log-device-placement", action="store_true", help="log the device of every op")

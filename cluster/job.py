@@ -179,7 +179,8 @@ class Job:
                         self.addresses, self.plan, c.wire_dtype, devices=c.devices,
                         faults=Faults.of(c), user_model=user and user.build_model,
                         loss=user and user.loss, same_node=self.segment_prefix,
-                        shard_nodes=tuple(self._shard_nodes()))
+                        shard_nodes=tuple(self._shard_nodes()),
+                        worker_nodes=tuple(self.reservation.worker_nodes()))
         inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
         clip = payload.optimizer and payload.optimizer.global_clipnorm
         # What a replacement of a dead worker is set up with (replace_worker).

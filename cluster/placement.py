@@ -239,6 +239,13 @@ class Reservation:
     def worker_bundle(self, rank: int) -> int:
         return self._worker_bundle[rank]
 
+    def worker_nodes(self) -> list[str]:
+        """Each worker's Ray node id, by rank: the node its bundle was placed on."""
+        from ray.util.placement_group import placement_group_table
+
+        nodes = placement_group_table(self._group)["bundles_to_node_id"]
+        return [nodes.get(bundle, "") for bundle in self._worker_bundle]
+
     def move_worker(self, rank: int, bundle: int) -> int:
         """Worker `rank` runs in `bundle` from now on (a spare took it over);
         returns the bundle it ran in, free once its dead actor is gone."""

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from towerps.errors import ConfigError
 from towerps.workers.faults import parse_slow
@@ -46,7 +47,9 @@ class DeviceConfig:
     cpu_only: bool = False  # device_count={'GPU': 0}
     memory_growth: bool = False  # allow_growth
     gpu_memory_limit_mb: int | None = None  # per GPU tower; per_process_gpu_memory_fraction
-    intra_op_threads: int = 0  # 0: TensorFlow's default (one per core)
+    # 0: TensorFlow's default, one per core, or this worker's share of its
+    # node's cores when several of the job's workers share it (share_cores).
+    intra_op_threads: int = 0
     inter_op_threads: int = 0
     soft_placement: bool = True  # allow_soft_placement (TF2's default)
     log_device_placement: bool = False
@@ -178,6 +181,34 @@ def plan_gpus(config: DeviceConfig, num_visible: int, total_mb: Sequence[int] | 
                     f"{total_mb[i]} MB; use at most {total_mb[i]}"
                 )
     return chosen
+
+
+def share_cores(config: DeviceConfig, sharing: int, cores: int | None = None) -> DeviceConfig:
+    """`config` for one of `sharing` workers of a job that compute on one node.
+
+    TensorFlow's default pools have a thread per core in every process
+    (intra-op: the threads of one op; inter-op: ops run side by side), so
+    two workers on one node run at least twice as many threads as there
+    are cores, and each pool's threads spin for work while the other
+    process's need the core. Each pool the user left to TensorFlow (0)
+    gets this worker's share of the `cores` the process may run on (all of
+    them by default), at least one. One worker alone on its node keeps
+    TensorFlow's defaults.
+    """
+    if sharing <= 1:
+        return config
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    share = max(1, cores // sharing)
+    return replace(config, intra_op_threads=config.intra_op_threads or share,
+                   inter_op_threads=config.inter_op_threads or share)
+
+
+def tensorflow_threads() -> dict[str, int]:
+    """The threads of this process's TensorFlow pools as it holds them (0: its default)."""
+    import tensorflow as tf
+
+    return {"intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 
 
 def configure_devices(config: DeviceConfig, assigned_gpus: Sequence | None = None) -> list[str]:

@@ -68,6 +68,12 @@ def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path, tr
     one, two = weights_of(tmp_path / "w1"), weights_of(tmp_path / "w2")
     workers = [r for r in summary.placement if r["role"] == "worker"]
     assert [r["same_node_shards"] for r in workers] == [[0, 1] if transport == "shm" else []] * 2
+    # Two workers on one node share its cores; one alone keeps TensorFlow's pools.
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert [(r["intra_op_threads"], r["inter_op_threads"]) for r in workers] == [(share, share)] * 2
+    alone = json.loads((tmp_path / "w1" / "summary.json").read_text())["placement"]
+    assert [(r["intra_op_threads"], r["inter_op_threads"]) for r in alone
+            if r["role"] == "worker"] == [(0, 0)]
     if transport == "shm":  # the run's segments are gone with it
         prefix = workers[0]["segment_prefix"]
         assert prefix and not [n for n in os.listdir(SEGMENT_DIR) if n.startswith(prefix)]

@@ -7,6 +7,8 @@ Tests that apply settings to TensorFlow run in a fresh process
 (tests/unit/fresh.py); the `gpu`-marked ones skip where TensorFlow sees no GPU.
 """
 
+import os
+
 import pytest
 
 from tests.unit.fresh import run_fresh
@@ -14,7 +16,7 @@ from towerps.cluster import cli
 from towerps.cluster.actors import worker_resources
 from towerps.cluster.config import TrainConfig
 from towerps.errors import ConfigError
-from towerps.workers.devices import BALANCES, DeviceConfig, plan_gpus
+from towerps.workers.devices import BALANCES, DeviceConfig, plan_gpus, share_cores
 
 pytestmark = pytest.mark.unit
 
@@ -119,6 +121,32 @@ def test_bad_device_flags_stop_the_cli_before_ray_starts(capsys, tmp_path, argv,
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sharing, cores, threads", [
+    (1, 8, (0, 0)),  # alone on its node: TensorFlow's defaults
+    (0, 8, (0, 0)),  # no node known: alone
+    (2, 2, (1, 1)),
+    (2, 8, (4, 4)),
+    (3, 8, (2, 2)),  # the rest of the cores go unused rather than oversubscribed
+    (4, 2, (1, 1)),  # more workers than cores: one thread each, never zero
+])
+def test_workers_sharing_a_node_share_its_cores(sharing, cores, threads):
+    config = share_cores(DeviceConfig(cpu_towers=2), sharing, cores)
+    assert (config.intra_op_threads, config.inter_op_threads) == threads
+    assert config.cpu_towers == 2  # nothing else changes
+
+
+def test_threads_the_user_chose_are_kept_when_workers_share_a_node():
+    config = share_cores(DeviceConfig(intra_op_threads=3), 2, 8)
+    assert (config.intra_op_threads, config.inter_op_threads) == (3, 4)
+    config = share_cores(DeviceConfig(inter_op_threads=1), 2, 8)
+    assert (config.intra_op_threads, config.inter_op_threads) == (4, 1)
+
+
+def test_workers_sharing_count_the_cores_this_process_may_use():
+    config = share_cores(DeviceConfig(), 2)
+    assert config.intra_op_threads == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def test_settings_reach_a_fresh_tensorflow():
