@@ -1,4 +1,5 @@
 import tracemalloc
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -173,6 +174,27 @@ def test_all_finite_takes_empty_scalar_integer_and_huge_finite_arrays():
     assert all_finite(np.float32(3.0)) and not all_finite(np.float32(np.nan))
     assert all_finite(np.arange(10, dtype=np.int64))
     assert all_finite(np.full(10, np.finfo(np.float32).max, np.float32))  # finite, however large
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_all_finite_checks_blocks_whose_squares_overflow_element_by_element(dtype, bad):
+    # Finite values whose sum of squares overflows: a block the dot product
+    # cannot clear, finite all the same; a bad element among them is found.
+    huge = np.sqrt(np.finfo(dtype).max)
+    array = np.full(3 * FINITE_BLOCK, huge, dtype)
+    array[FINITE_BLOCK] *= -1
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(np.dot(array[:FINITE_BLOCK], array[:FINITE_BLOCK]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the overflow it meets is no warning of the caller's
+        assert all_finite(array)
+    array[2 * FINITE_BLOCK + 5] = bad
+    assert not all_finite(array)
+    swapped = np.ones(10, ">f4")  # not native: element by element
+    assert all_finite(swapped)
+    swapped[3] = bad
+    assert not all_finite(swapped)
 
 
 @pytest.mark.parametrize("layout", ["C", "F"])
