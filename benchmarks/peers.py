@@ -73,6 +73,11 @@ def add_flags(parser) -> None:
         help="sync's push and pull: combined, separate or both, crossed with each same-node "
         "transport and measured every round in turns, named e.g. shm+separate "
         "(default: TrainConfig's only)")
+    add("--peer-threads", type=int, default=0, metavar="N",
+        help="each peer worker's TensorFlow threads (Ray PS: intra- and inter-op pools; TF "
+        "PSS: the intra-op pool, its inter-op pool runs the coordinator's steps): 0 keeps "
+        "TensorFlow's default, a thread per core, as the peers' documentation does; towerps "
+        "gives each of two workers on one node its share of the cores itself")
     add("--role", choices=("main", "pss-chief", "pss-server"), default="main", help="(internal)")
     add("--cluster", default=None, help="(internal)")
     add("--job", default=None, help="(internal)")
@@ -119,8 +124,14 @@ class ParameterServer:
 class DataWorker:
     """As in Ray's docs: computes the gradient of its data for the given weights."""
 
-    def __init__(self, model: str, dataset: str, rank: int, batch_size: int, seed: int):
+    def __init__(self, model: str, dataset: str, rank: int, batch_size: int, seed: int,
+                 threads: int = 0):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if threads:  # --peer-threads, before TensorFlow's first op
+            import tensorflow as tf
+
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
         from towerps.workers import Tower, build_model, load_dataset
         from towerps.workers.models import model_input_shape
 
@@ -143,7 +154,8 @@ class RayPS:
         dataset = "synthetic" if args.dataset == "synthetic" else args.dataset
         self.initial = initial
         self.ps = ParameterServer.remote(initial, lr)
-        self.workers = [DataWorker.remote(args.model, dataset, r, args.batch_size, 0)
+        self.workers = [DataWorker.remote(args.model, dataset, r, args.batch_size, 0,
+                                          args.peer_threads)
                         for r in range(NUM_WORKERS)]
         self.step = 0
 
@@ -188,9 +200,14 @@ def serve_tf(args) -> None:
 
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
+    # --peer-threads: a worker's intra-op pool only. A worker task runs the
+    # coordinator's functions on its inter-op pool, whose ops wait on the ps
+    # tasks: with one inter-op thread a step never finished (seen here).
+    threads = args.peer_threads if args.job == "worker" else 0
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads)
     server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(args.cluster)),
                                   job_name=args.job, task_index=args.index, protocol="grpc",
-                                  start=True)
+                                  config=config, start=True)
     server.join()
 
 
@@ -200,7 +217,8 @@ def run_tf_chief(args) -> None:
             "ps": [f"127.0.0.1:{common.free_port()}" for _ in range(NUM_WORKERS)],
             "chief": [f"127.0.0.1:{common.free_port()}"]}
     servers = [common.run_module_child(__file__, ["--role", "pss-server", "--cluster", json.dumps(spec),
-                                                  "--job", job, "--index", str(i)])
+                                                  "--job", job, "--index", str(i),
+                                                  "--peer-threads", str(args.peer_threads)])
                for job in ("worker", "ps") for i in range(len(spec[job]))]
     try:
         print(json.dumps(_tf_rate(args, spec)), flush=True)
@@ -268,7 +286,8 @@ def _tf_rate(args, spec: dict) -> dict:
 def tf_pss_rates(args, rounds: int, timeout_s: float) -> list[float]:
     flags = ["--role", "pss-chief", "--model", args.model, "--dataset", args.dataset,
              "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-             "--warmup-steps", str(args.warmup_steps), "--rounds", str(rounds)]
+             "--warmup-steps", str(args.warmup_steps), "--rounds", str(rounds),
+             "--peer-threads", str(args.peer_threads)]
     chief = subprocess.run([sys.executable, __file__, *flags], env=common.child_env(),
                            capture_output=True, text=True, timeout=timeout_s)
     if chief.returncode != 0:
@@ -351,7 +370,8 @@ def main(argv=None) -> dict:
                 "optimizer": args.optimizer, "num_workers": NUM_WORKERS, "num_ps": NUM_WORKERS,
                 "steps": args.steps, "warmup_steps": args.warmup_steps,
                 "log_every": overhead.log_every(args), "rounds_asked": args.rounds,
-                "same_node_transports": kinds, "push_pull": args.push_pull},
+                "same_node_transports": kinds, "push_pull": args.push_pull,
+                "peer_threads": args.peer_threads},
         figures={"examples_per_s": med, "vs_keras": {s: med[s] / med["keras"] for s in systems},
                  "towerps_vs_best_peer": vs_peer, "best_peer": best_peer,
                  "by_transport": by_transport, "rounds": rounds},

@@ -6,18 +6,22 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def run_bench(name, tmp_path) -> dict:
+def run_bench(name, tmp_path, *flags) -> dict:
+    """`towerps bench NAME --tiny`; with the benchmark's own `flags`, which
+    `towerps bench` does not take, its script itself."""
     out = tmp_path / f"{name}.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "towerps.cluster.cli", "bench", name, "--tiny", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
+    command = ([sys.executable, str(BENCHMARKS / f"{name}.py"), *flags] if flags
+               else [sys.executable, "-m", "towerps.cluster.cli", "bench", name])
+    done = subprocess.run([*command, "--tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"{name}: " in done.stdout and str(out) in done.stdout  # the one-line summary
     result = json.loads(out.read_text())
@@ -100,6 +104,13 @@ def test_peers(tmp_path):
     assert all(rate > 0 for rate in figures["examples_per_s"].values())
     assert figures["examples_per_s"]["towerps"] == figures["examples_per_s"]["towerps_shm"]
     assert set(figures["by_transport"]) == {"shm"}
+
+
+def test_peers_with_the_peers_threads_set(tmp_path):
+    # Every peer trains with one thread per pool (TF PSS: its intra-op pool) and finishes.
+    result = run_bench("peers", tmp_path, "--peer-threads", "1")
+    assert result["inputs"]["peer_threads"] == 1
+    assert all(rate > 0 for rate in result["figures"]["examples_per_s"].values())
 
 
 def test_convergence(tmp_path):
