@@ -235,8 +235,10 @@ class WorkerJob:
     # the shards on its own node.
     same_node: str | None = None
     shard_nodes: tuple[str, ...] = ()
-    # Each worker's Ray node id, by rank: workers that share a node share its
-    # cores (workers/devices.py share_cores). Empty: each computes alone.
+    # Each worker's Ray node id, by rank, as the job placed them: workers
+    # that share a node share its cores (workers/devices.py share_cores); a
+    # spare or a replacement counts the ranks placed on its node then, not
+    # itself. Empty: each computes alone.
     worker_nodes: tuple[str, ...] = ()
 
 

@@ -188,19 +188,28 @@ def share_cores(config: DeviceConfig, sharing: int, cores: int | None = None) ->
 
     TensorFlow's default pools have a thread per core in every process
     (intra-op: the threads of one op; inter-op: ops run side by side), so
-    two workers on one node run at least twice as many threads as there
-    are cores, and each pool's threads spin for work while the other
+    two workers on one node run twice as many threads in each pool as
+    there are cores, and each pool's threads spin for work while the other
     process's need the core. Each pool the user left to TensorFlow (0)
     gets this worker's share of the `cores` the process may run on (all of
-    them by default), at least one. One worker alone on its node keeps
-    TensorFlow's defaults.
+    them by default), at least one; the inter-op pool only when the worker
+    has one tower, since several towers run their steps side by side on
+    it. One worker alone on its node keeps TensorFlow's defaults.
     """
     if sharing <= 1:
         return config
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    cores = cores if cores is not None else _usable_cores()
     share = max(1, cores // sharing)
+    inter = share if config.num_towers() == 1 else 0
     return replace(config, intra_op_threads=config.intra_op_threads or share,
-                   inter_op_threads=config.inter_op_threads or share)
+                   inter_op_threads=config.inter_op_threads or inter)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def tensorflow_threads() -> dict[str, int]:

@@ -64,39 +64,25 @@ def spec_of(array: np.ndarray) -> TensorSpec:
 
 
 FINITE_BLOCK = 1 << 16  # elements all_finite checks at a time
-# Dtypes whose blocks all_finite clears with a BLAS dot product.
-_DOT_CHECKED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def all_finite(array) -> bool:
     """Whether every element of `array` is finite (no NaN or infinity).
 
-    Checked a block of FINITE_BLOCK elements at a time, with no temporary
-    the size of the array: `np.isfinite(array).all()` makes a boolean array
-    a quarter the size of a float32 one, which a process that frees its
-    large blocks (a gRPC handler thread's) faults in afresh at every call.
-
-    A float32 or float64 block is cleared by its dot product with itself,
-    one pass of BLAS that reads each element once and writes nothing: a
-    NaN or an infinity makes the sum of squares NaN or infinite, and
-    squares cannot cancel, so a finite result means every element is.
-    Only a block whose result is not finite (a bad element, or finite
-    values so large that their squares overflow) is checked element by
-    element. Other dtypes (bfloat16, float16) always are; integers are
-    always finite. Takes anything np.asarray takes; an array that is
-    neither C- nor Fortran-ordered (a strided view) is copied once to be
-    read in order.
+    Checked a block at a time: `np.isfinite(array).all()` makes a boolean
+    array a quarter the size of a float32 one, which a process that frees
+    its large blocks (a gRPC handler thread's) faults in afresh at every
+    call; here the one temporary is FINITE_BLOCK booleans. Takes any dtype
+    numpy's isfinite takes (integers are always finite; bfloat16 is
+    checked) and anything np.asarray takes; an array that is neither C- nor
+    Fortran-ordered (a strided view) is copied once to be read in order.
     """
     flat = np.ravel(np.asarray(array), order="K")
     out = np.empty(min(flat.size, FINITE_BLOCK), dtype=bool)
-    by_dot = flat.dtype in _DOT_CHECKED
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is an answer here
-        for start in range(0, flat.size, FINITE_BLOCK):
-            block = flat[start:start + FINITE_BLOCK]
-            if by_dot and math.isfinite(np.dot(block, block)):
-                continue
-            if not np.isfinite(block, out=out[:block.size]).all():
-                return False
+    for start in range(0, flat.size, FINITE_BLOCK):
+        block = flat[start:start + FINITE_BLOCK]
+        if not np.isfinite(block, out=out[:block.size]).all():
+            return False
     return True
 
 

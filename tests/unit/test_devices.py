@@ -132,9 +132,14 @@ def test_bad_device_flags_stop_the_cli_before_ray_starts(capsys, tmp_path, argv,
     (4, 2, (1, 1)),  # more workers than cores: one thread each, never zero
 ])
 def test_workers_sharing_a_node_share_its_cores(sharing, cores, threads):
-    config = share_cores(DeviceConfig(cpu_towers=2), sharing, cores)
+    config = share_cores(DeviceConfig(memory_growth=True), sharing, cores)
     assert (config.intra_op_threads, config.inter_op_threads) == threads
-    assert config.cpu_towers == 2  # nothing else changes
+    assert config.memory_growth and config.num_towers() == 1  # nothing else changes
+
+
+def test_several_towers_keep_the_inter_op_pool_they_run_side_by_side_on():
+    config = share_cores(DeviceConfig(cpu_towers=2), 2, 8)
+    assert (config.intra_op_threads, config.inter_op_threads) == (4, 0)
 
 
 def test_threads_the_user_chose_are_kept_when_workers_share_a_node():
