@@ -179,7 +179,7 @@ def test_all_finite_takes_empty_scalar_integer_and_huge_finite_arrays():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_all_finite_takes_huge_values_quietly_and_finds_a_bad_one_among_them(dtype, bad):
-    huge = np.sqrt(np.finfo(dtype).max)  # finite, though any sum of their squares is not
+    huge = np.sqrt(np.finfo(dtype).max)  # finite; a square of it would not be
     array = np.full(3 * FINITE_BLOCK, huge, dtype)
     array[FINITE_BLOCK] *= -1
     with warnings.catch_warnings():
