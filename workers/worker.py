@@ -265,11 +265,12 @@ class Worker:
 
 
 def clip_global_norm(grads: dict, names: list[str], clipnorm: float) -> None:
-    """Scale the gradients `names` in place so their global L2 norm is at most
-    `clipnorm`, in Keras' arithmetic (`clip_by_global_norm`, float32)."""
+    """Replace the gradients `names` in `grads` with copies scaled so their
+    global L2 norm is at most `clipnorm`, in Keras' arithmetic
+    (`clip_by_global_norm`, float32). New arrays: a tower's are read-only."""
     norm = np.sqrt(sum(np.sum(np.square(grads[n]), dtype=np.float32) for n in names),
                    dtype=np.float32)
     clip = np.float32(clipnorm)
     scale = clip * np.minimum(np.float32(1) / norm, np.float32(1) / clip)
     for name in names:
-        grads[name] *= scale
+        grads[name] = grads[name] * scale

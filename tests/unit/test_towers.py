@@ -18,6 +18,7 @@ from towerps.wire import aligned_copy
 from towerps.workers.faults import Faults
 from towerps.workers.tower import _adoptable
 from towerps.workers.towers import TowerGroup
+from towerps.workers.worker import clip_global_norm
 
 pytestmark = pytest.mark.unit
 
@@ -196,6 +197,19 @@ def test_weights_are_copied_unless_adopted_and_replicas_never_share_them(data):
         array[...] = 9.0
     for replica in (tower, *group.towers):
         assert all(np.all(w == 0.25) for w in replica.get_weights().values())
+
+
+def test_a_cpu_towers_gradients_are_tensorflows_memory_and_clip_into_new_arrays(data):
+    tower = Tower(make_model(data)())
+    grads, _ = tower.compute_gradients(*data.train_batch(0, 1, 32, slice(0, 32)))
+    # Views of TensorFlow's results (a copy would be writable), equal to its values.
+    assert grads and not any(g.flags.writeable for g in grads.values())
+    names = tower.trainable_names
+    before = {n: g.copy() for n, g in grads.items()}
+    norm = float(np.sqrt(sum(np.sum(np.square(before[n]), dtype=np.float64) for n in names)))
+    clip_global_norm(grads, names, clipnorm=norm / 2)  # read-only arrays: replaced, not written
+    for n in names:
+        np.testing.assert_allclose(grads[n], before[n] * 0.5, rtol=1e-5)
 
 
 def test_rows_split_contiguously_with_at_least_one_row_per_tower(data):
