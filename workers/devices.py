@@ -47,8 +47,9 @@ class DeviceConfig:
     cpu_only: bool = False  # device_count={'GPU': 0}
     memory_growth: bool = False  # allow_growth
     gpu_memory_limit_mb: int | None = None  # per GPU tower; per_process_gpu_memory_fraction
-    # 0: TensorFlow's default, one per core, or this worker's share of its
-    # node's cores when several of the job's workers share it (share_cores).
+    # Both pools, 0: TensorFlow's default, one per core, or this worker's
+    # share of its node's cores when several of the job's workers share it
+    # (share_cores; the inter-op pool only in a worker of one tower).
     intra_op_threads: int = 0
     inter_op_threads: int = 0
     soft_placement: bool = True  # allow_soft_placement (TF2's default)
