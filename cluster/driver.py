@@ -431,7 +431,9 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         budget_s=config.budget_s,
         ended_early=watched.ended_early,
         updates_per_step=mode.updates_per_step(config.num_workers),
-        examples=watched.examples[-1] if watched.examples else 0,
+        # Behind the final parameters: shard 0 may have applied one version more
+        # than the lowest shard when a budget or signal ended the run.
+        examples=watched.examples_at(version),
         # Shard 0's: each shard measures its own; they differ only by pushes in flight.
         staleness=Staleness.of([int(c) for c in counters[0].staleness_histogram]),
         pushes_dropped=[c.pushes_dropped for c in counters],

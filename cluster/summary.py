@@ -170,7 +170,7 @@ class RunSummary(Mapping):
     budget_s: float | None
     ended_early: bool  # the time budget ended the run before --steps
     updates_per_step: int
-    examples: int  # training examples applied (shard 0)
+    examples: int  # training examples behind the final parameters (shard 0's count up to `steps`)
     staleness: Staleness
     # Per shard: with several shards a late gradient is counted by each that dropped it.
     pushes_dropped: list[int]
