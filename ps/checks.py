@@ -89,6 +89,9 @@ class PushRules:
                 f"shard {self.index}: a push must cover exactly its variables and state; "
                 f"missing {missing}, not held here {unknown}"
             )
+        # What the receiver found as it copied the tensors (wire.CheckedTensors);
+        # a tensor it did not check is read here.
+        finite = getattr(grads, "finite", {})
         for name, grad in grads.items():
             spec = self.specs[name]
             if tuple(grad.shape) != spec.shape or grad.dtype != spec.dtype:
@@ -96,7 +99,7 @@ class PushRules:
                     f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
                     f"expected dtype {spec.dtype} shape {spec.shape}"
                 )
-            if not all_finite(grad):
+            if not (finite[name] if name in finite else all_finite(grad)):
                 raise NotFinite(
                     f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
                     "it and its parameters are unchanged"

@@ -282,7 +282,8 @@ def _parse_chunks(buf: bytes, view: memoryview, start: int, end: int) -> list[Ch
 
 # -- reading whole streams -------------------------------------------------
 
-def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_header=None):
+def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_header=None,
+          check_finite=False):
     it = iter(parts)
     first = next(it, None)
     if first is not None and first.error:
@@ -302,7 +303,8 @@ def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_
         raise BadTensor(f"a {stream} stream announced {header.num_tensors} tensors")
     if check_header is not None:
         check_header(header)
-    assembler = TensorAssembler(expected, max_tensors=header.num_tensors)
+    assembler = TensorAssembler(expected, max_tensors=header.num_tensors,
+                                check_finite=check_finite)
     for part in it:
         if part.error:
             raise BadTensor(f"a {stream} stream carried a malformed message: {part.error}")
@@ -324,9 +326,11 @@ def read_push(
     """Decode a Push stream; raises BadTensor on any malformed part.
 
     `check_header(header)`, if given, runs before any chunk is read (what it
-    raises propagates). A skip_step push carries no tensors.
+    raises propagates). A skip_step push carries no tensors. The tensors
+    come as CheckedTensors: each chunk is checked for NaN and infinity as it
+    is copied (towerps.wire.TensorAssembler).
     """
-    return _read(parts, pb.PushHeader, "Push", expected, check_header)
+    return _read(parts, pb.PushHeader, "Push", expected, check_header, check_finite=True)
 
 
 def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:

@@ -143,6 +143,18 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
+class CheckedTensors(dict):
+    """Received tensors (name -> array) and, in `finite`, whether each holds
+    only finite values, found by the receiver as it copied them into its own
+    memory. Only the code that made the copies builds one: a copy of this
+    dict (`dict(tensors)`) drops the finding, and whoever reads it then
+    checks the arrays themselves."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], finite: Mapping[str, bool]):
+        super().__init__(tensors)
+        self.finite = dict(finite)
+
+
 class TensorAssembler:
     """Rebuilds tensors from chunks, checking each chunk as it arrives.
 
@@ -153,13 +165,26 @@ class TensorAssembler:
     chunk budget (4 + nbytes // MIN_CHUNK_BYTES) is refused, and so is a
     tensor beyond `max_tensors`: the work done is bounded by the bytes the
     tensors hold. Not thread-safe: one assembler per stream.
+
+    `check_finite` (a shard reading a push): each chunk's whole elements are
+    checked for NaN and infinity right after they are copied into the
+    assembler's own memory, while gRPC receives the next message, and
+    `finish` returns CheckedTensors that carry the finding: the shard's
+    rules then need not read every byte again, under the shard's lock,
+    once the stream has ended. Widening a compact float keeps NaN and
+    infinity as they are, so the wire dtype's finding holds for the widened
+    tensor.
     """
 
     def __init__(
-        self, expected: Mapping[str, TensorSpec] | None = None, max_tensors: int | None = None
+        self, expected: Mapping[str, TensorSpec] | None = None, max_tensors: int | None = None,
+        check_finite: bool = False,
     ):
         self._expected = expected
         self._max_tensors = max_tensors
+        # name -> bytes checked so far (whole elements); absent without check_finite
+        self._checked: dict[str, int] | None = {} if check_finite else None
+        self._nonfinite: set[str] = set()
         self._buffers: dict[str, np.ndarray] = {}  # uint8, filled chunk by chunk
         self._specs: dict[str, TensorSpec] = {}
         self._received: dict[str, int] = {}
@@ -198,8 +223,19 @@ class TensorAssembler:
 
         self._buffers[name][done:end] = np.frombuffer(chunk.data, np.uint8)
         self._received[name] = end
+        if self._checked is not None:
+            self._check(name, spec, end)
         if end == spec.nbytes:
             self._complete.add(name)
+
+    def _check(self, name: str, spec: TensorSpec, end: int) -> None:
+        """Check the elements of `name` received whole since the last check (a
+        chunk may end inside an element: its bytes wait for the next chunk)."""
+        start, whole = self._checked[name], end - end % spec.dtype.itemsize
+        if whole > start and name not in self._nonfinite:
+            if not all_finite(self._buffers[name][start:whole].view(spec.dtype)):
+                self._nonfinite.add(name)
+        self._checked[name] = whole
 
     def _start(self, chunk) -> None:
         name = chunk.name
@@ -230,6 +266,8 @@ class TensorAssembler:
         self._buffers[name] = aligned_empty(spec.nbytes)
         self._received[name] = 0
         self._chunks[name] = 0
+        if self._checked is not None:
+            self._checked[name] = 0
 
     def finish(self, num_tensors: int | None = None) -> dict[str, np.ndarray]:
         """The complete tensors; raises BadTensor if any is short or missing."""
@@ -248,7 +286,9 @@ class TensorAssembler:
             array = buf.view(spec.dtype).reshape(spec.shape)
             want = self._expected[name].dtype if self._expected is not None else spec.dtype
             out[name] = widened(array, want)
-        return out
+        if self._checked is None:
+            return out
+        return CheckedTensors(out, {name: name not in self._nonfinite for name in out})
 
 
 def decode_tensors(

@@ -11,6 +11,7 @@ from towerps.errors import BadRequest, NotFinite, PullTimeout
 from towerps.ps import Mode
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
+from towerps.wire import CheckedTensors
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +38,22 @@ def test_non_finite_gradients_never_reach_the_parameters():
     np.testing.assert_array_equal(weights(shard), [1.0, 2.0])
     _, stats = shard.stats()
     assert (stats.pushes_rejected, stats.pushes_nonfinite) == (2, 2)
+
+
+def test_the_shard_takes_the_receivers_finding_and_checks_what_it_was_not_told():
+    shard = make_shard(num_workers=1)
+    # A receiver that found a NaN as it copied: refused, nothing read again.
+    with pytest.raises(NotFinite, match="'w' is not finite"):
+        shard.push(0, 0, CheckedTensors(grads(1.0), {"w": False}), 1)
+    # A plain copy of received tensors drops the finding: the shard reads them.
+    with pytest.raises(NotFinite, match="'w' is not finite"):
+        shard.push(0, 0, dict(CheckedTensors(grads(math.nan), {"w": True})), 1)
+    with pytest.raises(NotFinite, match="'w' is not finite"):
+        shard.push(0, 0, CheckedTensors(grads(math.inf), {}), 1)  # found nothing about 'w'
+    np.testing.assert_array_equal(weights(shard), [1.0, 2.0])
+    assert shard.push(0, 0, CheckedTensors(grads(1.0), {"w": True}), 1).outcome \
+        == PushOutcome.APPLIED
+    np.testing.assert_allclose(weights(shard), [0.5, 1.5])
 
 
 def test_skip_step_in_sync_waits_for_the_quorum_then_applies_nothing():

@@ -76,6 +76,28 @@ def test_tensors_come_back_as_written_widened_to_float32(wire_dtype):
     assert sweep(prefix) == []  # close removed both files
 
 
+def test_a_shard_checks_the_pushed_tensors_it_copied_not_the_segment():
+    prefix = new_run_prefix()
+    tensors = {"a": np.ones(100, np.float32), "b": np.ones(7, np.float32)}
+    tensors["b"][6] = np.nan
+    specs = {n: TensorSpec(a.dtype, a.shape) for n, a in tensors.items()}
+    pair = PairSegments(prefix, 0, 0, 2000)
+    try:
+        for wire in (None, WIRE_DTYPES["bfloat16"]):
+            shared = pair.write_push(tensors, wire)
+            back = read_tensors(pair._fds[0], shared, specs, check_finite=True)
+            assert back.finite == {"a": True, "b": False}
+            assert back["b"].dtype == np.float32 and np.isnan(back["b"][6])
+        # The finding is the copy's: a NaN written to the segment afterwards is not in it.
+        shared = pair.write_push({"a": tensors["a"], "b": np.ones(7, np.float32)}, None)
+        back = read_tensors(pair._fds[0], shared, specs, check_finite=True)
+        pair.write_push({"a": np.full(100, np.nan, np.float32), "b": tensors["b"]}, None)
+        assert back.finite == {"a": True, "b": True} and np.isfinite(back["a"]).all()
+        assert not hasattr(read_tensors(pair._fds[0], shared, specs), "finite")
+    finally:
+        pair.close()
+
+
 def test_a_segment_that_shrank_is_refused_before_it_is_read():
     prefix = new_run_prefix()
     pair = PairSegments(prefix, 0, 0, 400)
