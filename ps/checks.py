@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from towerps.errors import BadRequest, BadTensor, NotFinite, StepMismatch
-from towerps.wire import TensorSpec, all_finite
+from towerps.wire import CheckedTensors, TensorSpec, all_finite
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,9 @@ class PushRules:
                 f"shard {self.index}: a push must cover exactly its variables and state; "
                 f"missing {missing}, not held here {unknown}"
             )
-        # What the receiver found as it copied the tensors (wire.CheckedTensors);
-        # a tensor it did not check is read here.
-        finite = getattr(grads, "finite", {})
+        # What the shard's receiving code found as it copied the tensors; any
+        # other mapping, and a tensor it did not check, is read here.
+        finite = grads.finite if type(grads) is CheckedTensors else {}
         for name, grad in grads.items():
             spec = self.specs[name]
             if tuple(grad.shape) != spec.shape or grad.dtype != spec.dtype:

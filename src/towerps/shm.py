@@ -195,8 +195,8 @@ def read_tensors(fd: int, shared: Sequence[pb.SharedTensor],
     of its shape and dtype (a float32 one may come in a WIRE_DTYPES dtype
     and is widened). Raises BadTensor; the caller's state is untouched.
     `check_finite` (a shard reading a push): each copy is checked for NaN and
-    infinity right after it is read, while it is still in the cache, and
-    the result is CheckedTensors (towerps.wire)."""
+    infinity right after it is read, and the result is CheckedTensors
+    (towerps.wire)."""
     limit = len(expected) if expected is not None else None
     if limit is not None and len(shared) > limit:
         raise BadTensor(f"{len(shared)} shared tensors, but only {limit} are held here")
@@ -213,7 +213,7 @@ def read_tensors(fd: int, shared: Sequence[pb.SharedTensor],
             raise BadTensor(f"shared tensor {entry.name!r}: read {got} of {entry.length} bytes "
                             "(the segment shrank while it was read)")
         array = buf.view(spec.dtype).reshape(spec.shape)  # checked: length = dtype x shape
-        if check_finite:  # the copy, not the segment; widening keeps NaN and infinity
+        if check_finite:  # the copy, not the segment; widening a compact float is exact
             finite[entry.name] = all_finite(array)
         want = expected[entry.name].dtype if expected is not None else spec.dtype
         out[entry.name] = widened(array, want)

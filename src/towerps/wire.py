@@ -13,6 +13,7 @@ that becomes the array, aligned as TensorFlow aligns its own tensors.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from dataclasses import dataclass
 
 import math
@@ -143,16 +144,32 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
-class CheckedTensors(dict):
+class CheckedTensors(Mapping):
     """Received tensors (name -> array) and, in `finite`, whether each holds
     only finite values, found by the receiver as it copied them into its own
-    memory. Only the code that made the copies builds one: a copy of this
-    dict (`dict(tensors)`) drops the finding, and whoever reads it then
-    checks the arrays themselves."""
+    memory. Read-only, arrays included, so the finding cannot go stale; the
+    shard's rules (ps/checks.py) trust it only from this exact type, so a
+    copy (`dict(tensors)`) or any other mapping is checked element by
+    element as before. Built by the receiving code alone (TensorAssembler,
+    towerps.shm.read_tensors)."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray], finite: Mapping[str, bool]):
-        super().__init__(tensors)
-        self.finite = dict(finite)
+        if not set(finite) <= set(tensors):
+            raise ValueError(f"findings for tensors not received: "
+                             f"{sorted(set(finite) - set(tensors))}")
+        self._tensors = dict(tensors)
+        for array in self._tensors.values():
+            array.flags.writeable = False
+        self.finite = MappingProxyType(dict(finite))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._tensors[name]
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 class TensorAssembler:
@@ -171,9 +188,10 @@ class TensorAssembler:
     assembler's own memory, while gRPC receives the next message, and
     `finish` returns CheckedTensors that carry the finding: the shard's
     rules then need not read every byte again, under the shard's lock,
-    once the stream has ended. Widening a compact float keeps NaN and
-    infinity as they are, so the wire dtype's finding holds for the widened
-    tensor.
+    once the stream has ended. A compact float (WIRE_DTYPES only, never
+    float64) widens to float32 exactly: no finite value becomes infinite and
+    NaN and infinity stay so, so the wire dtype's finding holds for the
+    widened tensor.
     """
 
     def __init__(
@@ -182,7 +200,7 @@ class TensorAssembler:
     ):
         self._expected = expected
         self._max_tensors = max_tensors
-        # name -> bytes checked so far (whole elements); absent without check_finite
+        # name -> bytes checked so far (whole elements); None without check_finite
         self._checked: dict[str, int] | None = {} if check_finite else None
         self._nonfinite: set[str] = set()
         self._buffers: dict[str, np.ndarray] = {}  # uint8, filled chunk by chunk
