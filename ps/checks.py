@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from towerps.errors import BadRequest, BadTensor, NotFinite, StepMismatch
-from towerps.wire import CheckedTensors, TensorSpec, all_finite
+from towerps.wire import TensorSpec, all_finite
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,6 @@ class PushRules:
                 f"shard {self.index}: a push must cover exactly its variables and state; "
                 f"missing {missing}, not held here {unknown}"
             )
-        # What the shard's receiving code found as it copied the tensors; any
-        # other mapping, and a tensor it did not check, is read here.
-        finite = grads.finite if type(grads) is CheckedTensors else {}
         for name, grad in grads.items():
             spec = self.specs[name]
             if tuple(grad.shape) != spec.shape or grad.dtype != spec.dtype:
@@ -99,7 +96,7 @@ class PushRules:
                     f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
                     f"expected dtype {spec.dtype} shape {spec.shape}"
                 )
-            if not (finite[name] if name in finite else all_finite(grad)):
+            if not all_finite(grad):
                 raise NotFinite(
                     f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
                     "it and its parameters are unchanged"

@@ -282,8 +282,7 @@ def _parse_chunks(buf: bytes, view: memoryview, start: int, end: int) -> list[Ch
 
 # -- reading whole streams -------------------------------------------------
 
-def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_header=None,
-          check_finite=False):
+def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_header=None):
     it = iter(parts)
     first = next(it, None)
     if first is not None and first.error:
@@ -303,8 +302,7 @@ def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_
         raise BadTensor(f"a {stream} stream announced {header.num_tensors} tensors")
     if check_header is not None:
         check_header(header)
-    assembler = TensorAssembler(expected, max_tensors=header.num_tensors,
-                                check_finite=check_finite)
+    assembler = TensorAssembler(expected, max_tensors=header.num_tensors)
     for part in it:
         if part.error:
             raise BadTensor(f"a {stream} stream carried a malformed message: {part.error}")
@@ -326,11 +324,9 @@ def read_push(
     """Decode a Push stream; raises BadTensor on any malformed part.
 
     `check_header(header)`, if given, runs before any chunk is read (what it
-    raises propagates). A skip_step push carries no tensors. The tensors
-    come as CheckedTensors: each chunk is checked for NaN and infinity as it
-    is copied (towerps.wire.TensorAssembler).
+    raises propagates). A skip_step push carries no tensors.
     """
-    return _read(parts, pb.PushHeader, "Push", expected, check_header, check_finite=True)
+    return _read(parts, pb.PushHeader, "Push", expected, check_header)
 
 
 def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:

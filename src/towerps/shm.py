@@ -39,16 +39,7 @@ import numpy as np
 
 from towerps.errors import BadRequest, BadTensor
 from towerps.proto import towerps_pb2 as pb
-from towerps.wire import (
-    WIRE_DTYPES,
-    CheckedTensors,
-    TensorSpec,
-    aligned_empty,
-    all_finite,
-    dtype_of,
-    widened,
-    wire_code,
-)
+from towerps.wire import WIRE_DTYPES, TensorSpec, aligned_empty, dtype_of, widened, wire_code
 
 SEGMENT_DIR = "/dev/shm"
 TRANSPORTS = ("shm", "grpc")  # --same-node-transport
@@ -186,23 +177,18 @@ def _pwrite_all(fd: int, buffers: list) -> None:
 
 
 def read_tensors(fd: int, shared: Sequence[pb.SharedTensor],
-                 expected: Mapping[str, TensorSpec] | None = None,
-                 check_finite: bool = False) -> dict[str, np.ndarray]:
+                 expected: Mapping[str, TensorSpec] | None = None) -> dict[str, np.ndarray]:
     """Copy every described tensor out of the segment into new arrays, checking
     each description first: a known dtype, a shape of at most MAX_RANK
     non-negative dimensions, a length of exactly dtype x shape, a range
     inside the file. With `expected`, each name must be expected (once) and
     of its shape and dtype (a float32 one may come in a WIRE_DTYPES dtype
-    and is widened). Raises BadTensor; the caller's state is untouched.
-    `check_finite` (a shard reading a push): each copy is checked for NaN and
-    infinity right after it is read, and the result is CheckedTensors
-    (towerps.wire)."""
+    and is widened). Raises BadTensor; the caller's state is untouched."""
     limit = len(expected) if expected is not None else None
     if limit is not None and len(shared) > limit:
         raise BadTensor(f"{len(shared)} shared tensors, but only {limit} are held here")
     size = os.fstat(fd).st_size
     out: dict[str, np.ndarray] = {}
-    finite: dict[str, bool] = {}
     for entry in shared:
         spec = _checked_spec(entry, expected, size)
         if entry.name in out:
@@ -213,11 +199,9 @@ def read_tensors(fd: int, shared: Sequence[pb.SharedTensor],
             raise BadTensor(f"shared tensor {entry.name!r}: read {got} of {entry.length} bytes "
                             "(the segment shrank while it was read)")
         array = buf.view(spec.dtype).reshape(spec.shape)  # checked: length = dtype x shape
-        if check_finite:  # the copy, not the segment; widening a compact float is exact
-            finite[entry.name] = all_finite(array)
         want = expected[entry.name].dtype if expected is not None else spec.dtype
         out[entry.name] = widened(array, want)
-    return CheckedTensors(out, finite) if check_finite else out
+    return out
 
 
 def _checked_spec(entry: pb.SharedTensor, expected, size: int) -> TensorSpec:

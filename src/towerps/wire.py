@@ -13,7 +13,6 @@ that becomes the array, aligned as TensorFlow aligns its own tensors.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
 from dataclasses import dataclass
 
 import math
@@ -144,34 +143,6 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
-class CheckedTensors(Mapping):
-    """Received tensors (name -> array) and, in `finite`, whether each holds
-    only finite values, found by the receiver as it copied them into its own
-    memory. Read-only, arrays included, so the finding cannot go stale; the
-    shard's rules (ps/checks.py) trust it only from this exact type, so a
-    copy (`dict(tensors)`) or any other mapping is checked element by
-    element as before. Built by the receiving code alone (TensorAssembler,
-    towerps.shm.read_tensors)."""
-
-    def __init__(self, tensors: Mapping[str, np.ndarray], finite: Mapping[str, bool]):
-        if not set(finite) <= set(tensors):
-            raise ValueError(f"findings for tensors not received: "
-                             f"{sorted(set(finite) - set(tensors))}")
-        self._tensors = dict(tensors)
-        for array in self._tensors.values():
-            array.flags.writeable = False
-        self.finite = MappingProxyType(dict(finite))
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._tensors[name]
-
-    def __iter__(self):
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-
 class TensorAssembler:
     """Rebuilds tensors from chunks, checking each chunk as it arrives.
 
@@ -182,27 +153,13 @@ class TensorAssembler:
     chunk budget (4 + nbytes // MIN_CHUNK_BYTES) is refused, and so is a
     tensor beyond `max_tensors`: the work done is bounded by the bytes the
     tensors hold. Not thread-safe: one assembler per stream.
-
-    `check_finite` (a shard reading a push): each chunk's whole elements are
-    checked for NaN and infinity right after they are copied into the
-    assembler's own memory, while gRPC receives the next message, and
-    `finish` returns CheckedTensors that carry the finding: the shard's
-    rules then need not read every byte again, under the shard's lock,
-    once the stream has ended. A compact float (WIRE_DTYPES only, never
-    float64) widens to float32 exactly: no finite value becomes infinite and
-    NaN and infinity stay so, so the wire dtype's finding holds for the
-    widened tensor.
     """
 
     def __init__(
-        self, expected: Mapping[str, TensorSpec] | None = None, max_tensors: int | None = None,
-        check_finite: bool = False,
+        self, expected: Mapping[str, TensorSpec] | None = None, max_tensors: int | None = None
     ):
         self._expected = expected
         self._max_tensors = max_tensors
-        # name -> bytes checked so far (whole elements); None without check_finite
-        self._checked: dict[str, int] | None = {} if check_finite else None
-        self._nonfinite: set[str] = set()
         self._buffers: dict[str, np.ndarray] = {}  # uint8, filled chunk by chunk
         self._specs: dict[str, TensorSpec] = {}
         self._received: dict[str, int] = {}
@@ -241,19 +198,8 @@ class TensorAssembler:
 
         self._buffers[name][done:end] = np.frombuffer(chunk.data, np.uint8)
         self._received[name] = end
-        if self._checked is not None:
-            self._check(name, spec, end)
         if end == spec.nbytes:
             self._complete.add(name)
-
-    def _check(self, name: str, spec: TensorSpec, end: int) -> None:
-        """Check the elements of `name` received whole since the last check (a
-        chunk may end inside an element: its bytes wait for the next chunk)."""
-        start, whole = self._checked[name], end - end % spec.dtype.itemsize
-        if whole > start and name not in self._nonfinite:
-            if not all_finite(self._buffers[name][start:whole].view(spec.dtype)):
-                self._nonfinite.add(name)
-        self._checked[name] = whole
 
     def _start(self, chunk) -> None:
         name = chunk.name
@@ -284,8 +230,6 @@ class TensorAssembler:
         self._buffers[name] = aligned_empty(spec.nbytes)
         self._received[name] = 0
         self._chunks[name] = 0
-        if self._checked is not None:
-            self._checked[name] = 0
 
     def finish(self, num_tensors: int | None = None) -> dict[str, np.ndarray]:
         """The complete tensors; raises BadTensor if any is short or missing."""
@@ -304,9 +248,7 @@ class TensorAssembler:
             array = buf.view(spec.dtype).reshape(spec.shape)
             want = self._expected[name].dtype if self._expected is not None else spec.dtype
             out[name] = widened(array, want)
-        if self._checked is None:
-            return out
-        return CheckedTensors(out, {name: name not in self._nonfinite for name in out})
+        return out
 
 
 def decode_tensors(

@@ -11,8 +11,6 @@ from towerps.errors import BadRequest, NotFinite, PullTimeout
 from towerps.ps import Mode
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
-from towerps.proto import towerps_pb2 as pb
-from towerps.wire import TensorAssembler
 
 pytestmark = pytest.mark.unit
 
@@ -39,50 +37,6 @@ def test_non_finite_gradients_never_reach_the_parameters():
     np.testing.assert_array_equal(weights(shard), [1.0, 2.0])
     _, stats = shard.stats()
     assert (stats.pushes_rejected, stats.pushes_nonfinite) == (2, 2)
-
-
-def received(values):
-    """`values` for 'w' as the shard's gRPC receiver hands them over: copied
-    chunk by chunk, checked as copied (CheckedTensors)."""
-    assembler = TensorAssembler(check_finite=True)
-    data = np.asarray(values, np.float32).tobytes()
-    for start in range(0, len(data), 4):
-        assembler.add(pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2], offset=start,
-                                     data=data[start:start + 4]))
-    return assembler.finish()
-
-
-def test_the_shard_takes_the_receivers_finding_and_checks_any_other_mapping():
-    shard = make_shard(num_workers=1)
-    for bad in (math.nan, math.inf):
-        with pytest.raises(NotFinite, match="'w' is not finite"):
-            shard.push(0, 0, received([0.0, bad]), 1)
-    # Anything but the receiver's own CheckedTensors is read element by element:
-    # a plain copy, or a mapping that claims a finding.
-    with pytest.raises(NotFinite, match="'w' is not finite"):
-        shard.push(0, 0, dict(received([1.0, 1.0])) | grads(math.nan), 1)
-
-    class Claims(dict):
-        finite = {"w": True}
-
-    with pytest.raises(NotFinite, match="'w' is not finite"):
-        shard.push(0, 0, Claims(grads(math.nan)), 1)
-    np.testing.assert_array_equal(weights(shard), [1.0, 2.0])
-    _, stats = shard.stats()
-    assert stats.pushes_nonfinite == 4
-    assert shard.push(0, 0, received([1.0, 1.0]), 1).outcome == PushOutcome.APPLIED
-    np.testing.assert_allclose(weights(shard), [0.5, 1.5])
-
-
-def test_a_finding_cannot_go_stale_its_tensors_are_read_only():
-    checked = received([1.0, 2.0])
-    assert checked.finite == {"w": True}
-    with pytest.raises(TypeError):
-        checked["w"] = np.full(2, math.nan, np.float32)  # noqa: the point of the test
-    with pytest.raises(ValueError, match="read-only"):
-        checked["w"][0] = math.nan
-    with pytest.raises(TypeError):
-        checked.finite["w"] = False
 
 
 def test_skip_step_in_sync_waits_for_the_quorum_then_applies_nothing():

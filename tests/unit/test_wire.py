@@ -9,8 +9,8 @@ from towerps.codec import parse_part, pull_stream, push_stream, read_push
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 from towerps.wire import (
-    CHUNK_BYTES, FINITE_BLOCK, TENSOR_ALIGNMENT, CheckedTensors, TensorAssembler, TensorSpec,
-    aligned_empty, all_finite, decode_tensors, widened, wire_code,
+    CHUNK_BYTES, FINITE_BLOCK, TENSOR_ALIGNMENT, TensorSpec, aligned_empty, all_finite,
+    decode_tensors, widened,
 )
 
 pytestmark = pytest.mark.unit
@@ -141,57 +141,6 @@ def test_push_stream_round_trip_and_tensor_count_check():
         read_push(push_messages(header, grads), expected)
     with pytest.raises(BadTensor, match="must start with a PushHeader"):
         read_push(list(push_messages(header, grads))[1:], expected)
-
-
-def _assembled(arrays, cuts, wire=None, check_finite=True):
-    """Each of `arrays` sent as chunks cut at the byte offsets `cuts` (in its
-    wire dtype `wire`, default its own), through one TensorAssembler."""
-    assembler = TensorAssembler(check_finite=check_finite)
-    for name, array in arrays.items():
-        sent = array.astype(wire) if wire else array
-        data = sent.tobytes()
-        bounds = [0, *cuts, len(data)]
-        for start, end in zip(bounds, bounds[1:]):
-            assembler.add(_chunk(name=name, dtype=wire_code(sent.dtype), shape=list(sent.shape),
-                                 offset=start, data=data[start:end]))
-    return assembler.finish()
-
-
-@pytest.mark.parametrize("where", [0, 1, 17, 39])
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_an_assembler_checking_as_it_copies_finds_a_bad_element_across_chunk_cuts(bad, where):
-    good = np.linspace(-1, 1, 40, dtype=np.float32)
-    sick = good.copy()
-    sick[where] = bad
-    # Cuts inside elements: element 1 spans the first two chunks, 17 the next two.
-    got = _assembled({"good": good, "sick": sick}, cuts=[7, 70, 101])
-    assert isinstance(got, CheckedTensors)
-    assert got.finite == {"good": True, "sick": False}
-    np.testing.assert_array_equal(got["sick"], sick)
-
-
-def test_an_assembler_checks_a_compact_float_before_widening_and_only_when_asked():
-    sick = np.ones(40, np.float32)
-    sick[30] = np.inf
-    for wire in (np.float16, ml_dtypes.bfloat16):
-        assembler = TensorAssembler({"w": TensorSpec(np.dtype(np.float32), (40,))},
-                                    check_finite=True)
-        data = sick.astype(wire).tobytes()
-        for start, end in ((0, 33), (33, 80)):  # float16 / bfloat16: 2 bytes, cut inside one
-            assembler.add(_chunk(name="w", dtype=wire_code(np.dtype(wire)), shape=[40],
-                                 offset=start, data=data[start:end]))
-        got = assembler.finish()
-        assert got["w"].dtype == np.float32 and got.finite == {"w": False}
-    plain = _assembled({"w": sick}, cuts=[64], check_finite=False)
-    assert type(plain) is dict and not hasattr(plain, "finite")
-
-
-def test_read_push_reports_what_it_found_as_it_copied():
-    grads = {"a": np.arange(3, dtype=np.float32), "b": np.full((2, 2), np.nan, np.float32)}
-    header = pb.PushHeader(worker_rank=0, step=0, num_examples=8, loss=0.5, num_tensors=2)
-    expected = {n: TensorSpec(g.dtype, g.shape) for n, g in grads.items()}
-    _, got = read_push(push_messages(header, grads), expected)
-    assert got.finite == {"a": True, "b": False}
 
 
 def test_small_tensors_pack_into_few_messages_and_large_ones_fill_their_own():
