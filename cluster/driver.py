@@ -417,7 +417,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         / max(1, max(r.steps for r in reports)),
         startup_s=startup_s,
         wall_s=trained.wall_s,
-        examples_per_s=watched.examples_at(version) / trained.wall_s,
+        examples_per_s=watched.examples_this_run(version) / trained.wall_s,
         final_train_loss=watched.metrics[-1]["loss"] if watched.metrics else None,
         test_loss=final and final.test_loss,
         test_accuracy=final and final.test_accuracy,

@@ -56,13 +56,22 @@ class WatchResult:
     snapshots: list[Snapshot]  # parameters along the way (empty without eval_points)
     ended_early: bool  # the time budget or a signal ended the run before --steps
     interrupted: bool = False  # a signal (SIGINT/SIGTERM) asked the run to stop
-    versions: list[int] = field(default_factory=list)  # shard 0's updates, in order
-    examples: list[int] = field(default_factory=list)  # training examples up to each
+    # The versions the driver counted examples at, in order: the run's start
+    # (a resume's checkpoint, else 0), shard 0's updates, the end of each gap
+    # a recovery counted without records; and the examples up to each.
+    versions: list[int] = field(default_factory=list)
+    examples: list[int] = field(default_factory=list)
 
     def examples_at(self, version: int) -> int:
-        """Training examples applied by shard 0 up to and including `version`."""
+        """Training examples applied by shard 0 up to and including `version`,
+        from step 0 (a resumed run counts the steps before its checkpoint)."""
         i = bisect.bisect_right(self.versions, version)
         return self.examples[i - 1] if i else 0
+
+    def examples_this_run(self, version: int) -> int:
+        """Training examples applied up to `version` since this run started: a
+        resumed run's start not counted, as its wall time does not count it."""
+        return self.examples_at(version) - (self.examples[0] if self.examples else 0)
 
 
 class _Window:
@@ -135,7 +144,6 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     mode = config.mode
     target = config.end_version
     per_log = config.log_every * mode.updates_per_step(config.num_workers)
-    result = WatchResult([], [], [], False)
     snapshots = Snapshots(config.eval_points) if config.eval_points else None
     pending = {ref: rank for rank, ref in enumerate(runs)}
     opened = []  # clients to the shards after a recovery, closed at the end
@@ -144,6 +152,7 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     kept = _records_up_to(metrics_path, start) if start else []
     # Examples before `start`: every update trains on batch / updates_per_step of them.
     total = start * config.batch_size // mode.updates_per_step(config.num_workers)
+    result = WatchResult([], [], [], False, versions=[start], examples=[total])
     window, seen = _Window(t_train), start
     # Every worker pulls and pushes every parameter once per step.
     parameters = sum(s.nbytes for s in client.plan.slices) // 4
@@ -225,6 +234,8 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
                         take(record, dropped)
                     total += (back.version - seen) * per_update
                     seen = back.version
+                    result.versions.append(seen)
+                    result.examples.append(total)
                 continue
             if supervisor is not None:
                 supervisor.updates_seen(replies[0].steps)

@@ -155,7 +155,7 @@ class RunSummary(Mapping):
     # -- time and results
     startup_s: float  # driver start to the first step (actors, data, placement)
     wall_s: float  # of training alone
-    examples_per_s: float
+    examples_per_s: float  # this run's examples over wall_s (a resumed run's own steps)
     final_train_loss: float | None  # of the last metrics.jsonl record
     test_loss: float
     test_accuracy: float
@@ -170,7 +170,7 @@ class RunSummary(Mapping):
     budget_s: float | None
     ended_early: bool  # the time budget ended the run before --steps
     updates_per_step: int
-    examples: int  # training examples behind the final parameters (shard 0's count up to `steps`)
+    examples: int  # behind the final parameters: shard 0's count up to `steps`, from step 0
     staleness: Staleness
     # Per shard: with several shards a late gradient is counted by each that dropped it.
     pushes_dropped: list[int]

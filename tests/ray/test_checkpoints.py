@@ -104,4 +104,6 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(ray_clu
     metrics = [json.loads(line)
                for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [4, 8, 12]  # the first run's 5 and 6 replaced
-    assert metrics[-1]["examples"] == 12 * 96
+    assert metrics[-1]["examples"] == resumed.examples == 12 * 96
+    # The rate counts the resumed run's own 8 steps over its own training time.
+    assert resumed.examples_per_s == pytest.approx(8 * 96 / resumed.wall_s)

@@ -60,3 +60,16 @@ def test_resume_takes_the_model_from_the_run_not_from_flags(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path), "--model", "tests.models.own:regression",
                  "--data", "tests.models.own:regression_data"]) == 2
     assert "drop --model and --data" in capsys.readouterr().err
+
+
+def test_a_runs_examples_count_from_step_0_and_its_rate_from_its_own_start():
+    from towerps.cluster.monitor import WatchResult
+
+    # Resumed at checkpoint 4 (batch 96), shard 0 then applied 5 and 6, a
+    # recovery counted 7..9 without records, then 10; shard 0 ended one past
+    # the lowest shard's 9 (a budget's end).
+    watched = WatchResult([], [], [], False, versions=[4, 5, 6, 9, 10],
+                          examples=[384, 480, 576, 864, 960])
+    assert [watched.examples_at(v) for v in (4, 6, 8, 9, 10)] == [384, 576, 576, 864, 960]
+    assert watched.examples_this_run(9) == 864 - 384
+    assert WatchResult([], [], [], False).examples_this_run(3) == 0
