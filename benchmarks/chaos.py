@@ -7,7 +7,7 @@ Two runs of the same sync job (3 workers, 2 shards, fixed seed, a checkpoint
 every `--checkpoint-every` steps) in one local Ray cluster: a clean one, then
 one in which, every `--interval-s` seconds, the process of a shard or a
 worker (in turn; which one drawn from `--seed`) is killed with SIGKILL. The
-supervisor (cluster/supervisor.py) brings each back inside the job. A kill
+supervisor (cluster/recovery/supervisor.py) brings each back inside the job. A kill
 waits for the previous recovery (its victim's new pid in placement.json),
 and for training to go on after it (a checkpoint completed since), so
 recoveries do not overlap. So that the job cannot end before the last
@@ -15,7 +15,7 @@ kill, every worker holds before its push of the last step until the kills
 are done (a test seam, workers/faults.py; a worker whose run has ended has
 nothing to recover); the time they sat there is left out of the wall time.
 
-The chaos run keeps `--spare-workers` warm workers (cluster/spares.py): a
+The chaos run keeps `--spare-workers` warm workers (cluster/recovery/spares.py): a
 killed worker's rank goes to a spare while one is warm, else to a cold
 replacement that imports TensorFlow and builds its model. With one spare
 and a worker kill every other interval, the new spare is warm before the

@@ -238,7 +238,7 @@ class PairedSteps:
 def paired(args, initial: dict, kind: str) -> dict:
     """`PairedSteps` against a shard actor of `initial` (the `paired` figures),
     through the same-node transport of variant `kind`."""
-    from towerps.cluster.actors import ShardActor
+    from towerps.cluster.run.actors import ShardActor
     from towerps.ps.optimizers import DEFAULT_LR
     from towerps.shm import new_run_prefix, sweep
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import REPO_ROOT, Budget, parse_args, write_result  # noqa: E402
 from tests.cluster.machines import Machines  # noqa: E402
-from towerps.cluster.summary import RunSummary  # noqa: E402
+from towerps.cluster.api.summary import RunSummary  # noqa: E402
 
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"
 

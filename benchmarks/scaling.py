@@ -143,7 +143,7 @@ class Bench:
 
     def __init__(self, max_workers: int, max_shards: int):
         from towerps.auth import new_job_secret
-        from towerps.cluster.actors import ShardActor
+        from towerps.cluster.run.actors import ShardActor
 
         self.workers = [SimWorker.remote() for _ in range(max_workers)]
         self.shards = [ShardActor.options(num_cpus=1).remote(k) for k in range(max_shards)]

@@ -60,7 +60,7 @@ def add_flags(parser) -> None:
 
 
 def towerps_command(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "towerps.cluster.cli", *args]
+    return [sys.executable, "-m", "towerps.cluster.api.cli", *args]
 
 
 def child_env(code: str | None) -> dict:

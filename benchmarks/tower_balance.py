@@ -47,7 +47,7 @@ def main() -> None:
     devices = configure_devices(DeviceConfig(cpu_towers=2))
     from towerps.workers import build_model, load_dataset
     from towerps.workers.faults import Faults, parse_slow
-    from towerps.workers.towers import TowerGroup
+    from towerps.workers.tower_group import TowerGroup
 
     data = load_dataset("synthetic", seed=0)
     make = lambda: build_model(args.model, data.input_shape, data.num_classes, seed=0,  # noqa: E731

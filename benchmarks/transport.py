@@ -234,7 +234,7 @@ def run_client(args) -> None:
 
     from towerps.ps.memory import keep_freed_memory
 
-    keep_freed_memory()  # as a worker actor's process does (cluster/actors.py)
+    keep_freed_memory()  # as a worker actor's process does (cluster/run/actors.py)
 
     from towerps.auth import Credentials, worker_token
     from towerps.ps.placement import plan_placement

@@ -2,7 +2,7 @@
 policy (ps/modes.py) that turns pushes into updates.
 
 Plain Python, no sockets and no Ray: `ps/servicer.py` adapts it to gRPC and
-`cluster/actors.py` hosts it in a Ray actor.
+`cluster/run/actors.py` hosts it in a Ray actor.
 
     sync   push(rank, step=v) from the first N-b workers -> buffer; the last of
            the quorum averages (by examples), applies, version = v + 1, wakes

@@ -8,7 +8,7 @@
 
 The driver reads shard 0's update log about four times a second for the
 progress bar and metrics.jsonl, and every shard's counters about once a
-second (cluster/monitor.py). Each read holds the shard's lock, so each is
+second (cluster/run/monitor.py). Each read holds the shard's lock, so each is
 bounded: the log keeps the newest `capacity` records (a reader further
 behind than that misses the oldest), `since` walks back from the newest
 record only as far as the reader has not seen, and the counters are a fixed

@@ -1,6 +1,6 @@
 """Run summaries for tests that need one without training: every field set."""
 
-from towerps.cluster.summary import Evaluation, RunSummary, Staleness, WorkerTime
+from towerps.cluster.api.summary import Evaluation, RunSummary, Staleness, WorkerTime
 
 
 def make_summary(**fields) -> RunSummary:

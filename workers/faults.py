@@ -6,7 +6,7 @@
     tower = faults.wrap_worker(rank, tower)   # one slow worker among the job's
     client = faults.wrap_client(rank, client) # a worker that holds, or dies half-way, in a push
 
-`WorkerActor.setup` (cluster/actors.py) is where a job's `Faults` are
+`WorkerActor.setup` (cluster/run/actors.py) is where a job's `Faults` are
 installed: the worker loop and the tower group run unchanged and cannot
 tell a wrapped part from a real one. Tests and benchmarks install their own
 wrappers the same way, around a Tower, a TowerGroup or a PSClient (say, one

@@ -5,7 +5,7 @@
     redirects.publish(Redirect(1, addresses, version=40))   # the driver's thread
     target = redirects.wait_newer(generation, timeout_s=120)  # the worker, on an error
 
-A recovery (cluster/supervisor.py) restores every shard to one checkpoint,
+A recovery (cluster/recovery/supervisor.py) restores every shard to one checkpoint,
 then publishes a Redirect: the shards' addresses (a replaced shard listens
 elsewhere) and the version they are at. A worker whose call fails while a
 recovery is under way waits here for it, and goes on from `version`; one

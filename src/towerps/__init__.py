@@ -3,7 +3,7 @@
     import towerps
     result = towerps.fit(build_model, train=(x, y), validation=(x_val, y_val))
 
-The API: `fit` (your own Keras model; cluster/api.py) and its `FitResult`,
+The API: `fit` (your own Keras model; cluster/api/fit.py) and its `FitResult`,
 `WorkerContext` (what a tf.data factory receives), `TrainConfig` and `train`
 (the built-in data sets and models, as the CLI runs them).
 
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 # The public API, loaded on first use: importing towerps stays light (a shard
 # process imports it without TensorFlow).
-_API = {"fit": "api", "FitResult": "api", "TrainConfig": "config", "train": "driver"}
+_API = {"fit": "api.fit", "FitResult": "api.fit", "TrainConfig": "api.config", "train": "run.driver"}
 __all__ = ["FitResult", "TrainConfig", "WorkerContext", "fit", "train", "__version__"]
 
 

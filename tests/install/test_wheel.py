@@ -22,7 +22,7 @@ def test_the_wheel_holds_every_part_under_towerps_and_wins_over_the_checkout(tmp
     (wheel,) = tmp_path.glob("towerps-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("__init__.py", "codec.py", "ps/shard.py", "workers/client.py",
-                   "cluster/actors.py", "proto/towerps_pb2.py"):
+                   "cluster/run/actors.py", "proto/towerps_pb2.py"):
         assert f"towerps/{module}" in names
     assert {n.split("/")[0] for n in names} == {"towerps", wheel.name.split("-py")[0] + ".dist-info"}
 
@@ -33,9 +33,9 @@ def test_the_wheel_holds_every_part_under_towerps_and_wins_over_the_checkout(tmp
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
     where = subprocess.run(
-        [sys.executable, "-c", "import towerps.cluster.actors as a; print(a.__file__)"],
+        [sys.executable, "-c", "import towerps.cluster.run.actors as a; print(a.__file__)"],
         cwd=REPO, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, timeout=120,
     )
     assert where.returncode == 0, where.stderr[-2000:]
-    assert where.stdout.strip() == str(target / "towerps" / "cluster" / "actors.py")
+    assert where.stdout.strip() == str(target / "towerps" / "cluster" / "run" / "actors.py")

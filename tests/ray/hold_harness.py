@@ -12,7 +12,7 @@ kills the driver. The hold is not part of the run's configuration: a
 import dataclasses
 import sys
 
-from towerps.cluster import cli
+from towerps.cluster.api import cli
 from towerps.workers.faults import Faults, Hold
 
 
@@ -24,7 +24,7 @@ def main() -> int:
         faults = of(config)
         return dataclasses.replace(faults, holds=(*faults.holds, Hold(rank, step, release)))
 
-    Faults.of = staticmethod(held)  # what Job hands its workers (cluster/job.py)
+    Faults.of = staticmethod(held)  # what Job hands its workers (cluster/run/job.py)
     return cli.main(argv)
 
 

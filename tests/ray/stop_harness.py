@@ -14,8 +14,8 @@ import signal
 import sys
 import time
 
-import towerps.cluster.driver as driver
-from towerps.cluster import cli
+import towerps.cluster.run.driver as driver
+from towerps.cluster.api import cli
 
 HOLD_S = 120.0
 

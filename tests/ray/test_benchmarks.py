@@ -19,7 +19,7 @@ def run_bench(name, tmp_path, *flags) -> dict:
     `towerps bench` does not take, its script itself."""
     out = tmp_path / f"{name}.json"
     command = ([sys.executable, str(BENCHMARKS / f"{name}.py"), *flags] if flags
-               else [sys.executable, "-m", "towerps.cluster.cli", "bench", name])
+               else [sys.executable, "-m", "towerps.cluster.api.cli", "bench", name])
     done = subprocess.run([*command, "--tiny", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

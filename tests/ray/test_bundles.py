@@ -12,8 +12,8 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from towerps.cluster.job import get_in_bundle
-from towerps.cluster.placement import Reservation, plan_layout
+from towerps.cluster.run.job import get_in_bundle
+from towerps.cluster.run.reservation import Reservation, plan_layout
 from towerps.errors import ActorDied
 
 pytestmark = pytest.mark.ray

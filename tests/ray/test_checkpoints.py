@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.driver import resume_config
+from towerps.cluster.run.driver import resume_config
 from towerps.ps.checkpoint import CheckpointStore
 from towerps.ps.keras_optimizer import keras_variables
 from towerps.ps.placement import plan_placement

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from towerps.cluster import TrainConfig, cli, train
-from towerps.cluster.report import PLOTS
+from towerps.cluster import TrainConfig, train
+from towerps.cluster.api import cli
+from towerps.cluster.observe.report import PLOTS
 from towerps.ps.modes import Mode
 
 pytestmark = pytest.mark.ray

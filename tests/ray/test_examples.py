@@ -62,7 +62,7 @@ def test_each_worker_of_a_ray_data_job_reads_only_its_own_rows(cluster):
     """The splits towerps hands the workers (streaming_split, equal shares):
     read concurrently, as workers do, they are disjoint and cover the data.
     A Ray Data validation set is streamed, a new pass per evaluation."""
-    from towerps.cluster.user import UserData, UserJob
+    from towerps.cluster.run.user import UserData, UserJob
 
     job = UserJob(build_model=None, data=UserData.of(ray.data.range(96), ray.data.range(2500),
                                                      columns=("id", "id")))

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util import tensor_util
 
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.observe import read_workers_file
+from towerps.cluster.observe.observers import read_workers_file
 
 pytestmark = pytest.mark.ray
 

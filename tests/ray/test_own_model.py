@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import towerps
-from towerps.cluster.cli import main
+from towerps.cluster.api.cli import main
 from towerps.workers.devices import DeviceConfig
 from towerps.workers.variables import ModelVariables
 

@@ -1,4 +1,4 @@
-"""Failures recovered inside the running job (cluster/supervisor.py), with
+"""Failures recovered inside the running job (cluster/recovery/supervisor.py), with
 real kills (SIGKILL of the actor's process), on Fashion-MNIST with a fixed
 seed and 3 workers, so that the order of summation matters.
 

@@ -17,7 +17,7 @@ from pyarrow.fs import FileSystem
 
 from tests.ray.test_checkpoints import job, weights_of
 from towerps.cluster import train
-from towerps.cluster.driver import resume_config
+from towerps.cluster.run.driver import resume_config
 from towerps.ps.checkpoint import MANIFEST, CheckpointStore
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 
 from towerps.auth import worker_token
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.security import read_cluster_json
+from towerps.cluster.run.security import read_cluster_json
 from towerps.errors import ShardUnavailable
 from towerps.ps import plan_placement
 from towerps.workers import PSClient

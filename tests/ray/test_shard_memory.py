@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from benchmarks._common import minor_faults
-from towerps.cluster.actors import ShardActor
+from towerps.cluster.run.actors import ShardActor
 from towerps.ps.placement import plan_placement
 from towerps.shm import new_run_prefix
 from towerps.workers.client import PSClient

@@ -18,7 +18,7 @@ WAIT_S = 300.0  # start-up on 2 busy cores takes tens of seconds
 
 
 def towerps(*args) -> list[str]:
-    return [sys.executable, "-m", "towerps.cluster.cli", *args]
+    return [sys.executable, "-m", "towerps.cluster.api.cli", *args]
 
 
 class Lines:

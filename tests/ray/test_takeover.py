@@ -19,8 +19,8 @@ from tests.ray.test_checkpoints import job, weights_of
 from tests.polling import wait_until
 from tests.ray.test_recovery import Background, pid_of, wait_for_file, wait_replaced
 from towerps.cluster import train
-from towerps.cluster.security import read_cluster_json
-from towerps.cluster.status import ShardReader
+from towerps.cluster.run.security import read_cluster_json
+from towerps.cluster.observe.status import ShardReader
 from towerps.workers.faults import Faults, Hold
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.actors import actor_options, worker_resources
+from towerps.cluster.run.actors import actor_options, worker_resources
 from towerps.errors import ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers.variables import ModelVariables

@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.test_summary import SUMMARY_KEYS
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.summary import RunSummary
+from towerps.cluster.api.summary import RunSummary
 from towerps.ps.optimizers import make_optimizer
 from towerps.shm import SEGMENT_DIR
 from towerps.workers.variables import ModelVariables

@@ -12,7 +12,7 @@ from benchmarks.convergence import interpolate
 from benchmarks.scaling import (
     format_rate, measure_aggregation, model_shapes, net_cpu_per_byte, predict, step_cpu,
 )
-from towerps.cluster import cli
+from towerps.cluster.api import cli
 
 pytestmark = pytest.mark.unit
 

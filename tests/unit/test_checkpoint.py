@@ -264,7 +264,7 @@ def test_flush_waits_for_every_part_handed_over(tmp_path):
 
 
 def test_credentials_in_a_checkpoint_uri_are_refused_and_never_shown():
-    from towerps.cluster.config import TrainConfig
+    from towerps.cluster.api.config import TrainConfig
 
     uri = "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/prefix?region=us-east-1"
     assert redacted(uri) == "s3://***@bucket/prefix?region=us-east-1"

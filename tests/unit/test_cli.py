@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from towerps.cluster import cli
-from towerps.cluster.config import MODES, TLS_CHOICES, TrainConfig
+from towerps.cluster.api import cli
+from towerps.cluster.api.config import MODES, TLS_CHOICES, TrainConfig
 from towerps.ps.modes import NONFINITE
 from towerps.errors import ConfigError
 from towerps.ps.modes import SUM_ORDERS, Mode
@@ -145,7 +145,7 @@ def test_version_is_printed(capsys):
 def test_a_bad_flag_is_refused_without_importing_tensorflow():
     result = run_fresh("""
         import contextlib, io, json, sys
-        from towerps.cluster import cli
+        from towerps.cluster.api import cli
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             code = cli.main(["train", "--batch-size", "127", "--num-workers", "2"])

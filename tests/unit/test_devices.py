@@ -12,9 +12,9 @@ import os
 import pytest
 
 from tests.unit.fresh import run_fresh
-from towerps.cluster import cli
-from towerps.cluster.actors import worker_resources
-from towerps.cluster.config import TrainConfig
+from towerps.cluster.api import cli
+from towerps.cluster.run.actors import worker_resources
+from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
 from towerps.workers.devices import BALANCES, DeviceConfig, plan_gpus, share_cores
 
@@ -284,7 +284,7 @@ def test_a_gpu_tower_and_a_cpu_tower_match_one_tower(num_gpus):
                                                  memory_growth=True))
         import tensorflow as tf
         from towerps.workers import Tower, build_model, load_dataset
-        from towerps.workers.towers import TowerGroup
+        from towerps.workers.tower_group import TowerGroup
         tf.config.experimental.enable_tensor_float_32_execution(False)  # exact float32 on GPU
         data = load_dataset("synthetic", seed=4)
         make = lambda: build_model("cnn", data.input_shape, data.num_classes, seed=4)

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from towerps.cluster.interrupts import Interrupted, StopRequest, exit_status
+from towerps.cluster.recovery.interrupts import Interrupted, StopRequest, exit_status
 
 pytestmark = pytest.mark.unit
 

@@ -1,10 +1,10 @@
-"""The heartbeat's rule for judging a running worker dead (cluster/liveness.py)."""
+"""The heartbeat's rule for judging a running worker dead (cluster/recovery/liveness.py)."""
 
 import os
 import subprocess
 import sys
 
-from towerps.cluster.liveness import GONE_GRACE_S, SILENT_S, judged_dead, process_gone
+from towerps.cluster.recovery.liveness import GONE_GRACE_S, SILENT_S, judged_dead, process_gone
 
 
 def test_a_worker_is_dead_when_silent_long_or_briefly_with_its_process_gone():

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from towerps.cluster.logs import is_noise, quiet_native_stderr
+from towerps.cluster.observe.logs import is_noise, quiet_native_stderr
 
 pytestmark = pytest.mark.unit
 

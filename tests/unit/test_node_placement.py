@@ -1,9 +1,9 @@
 """Which bundle each shard and worker goes into, and the errors for nodes that
-cannot hold them (cluster/placement.py; no Ray)."""
+cannot hold them (cluster/run/reservation.py; no Ray)."""
 
 import pytest
 
-from towerps.cluster.placement import Node, check_fits, describe, plan_layout
+from towerps.cluster.run.reservation import Node, check_fits, describe, plan_layout
 from towerps.errors import ClusterError
 
 pytestmark = pytest.mark.unit

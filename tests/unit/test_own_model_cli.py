@@ -8,8 +8,8 @@ import pytest
 import ray
 import yaml
 
-from towerps.cluster.cli import build_parser, main
-from towerps.cluster.jobfile import file_argv, write_job_file
+from towerps.cluster.api.cli import build_parser, main
+from towerps.cluster.api.jobfile import file_argv, write_job_file
 
 pytestmark = pytest.mark.unit
 

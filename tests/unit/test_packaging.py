@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from towerps.cluster.session import PARTS, towerps_folder
+from towerps.cluster.run.session import PARTS, towerps_folder
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-WHERE = "import towerps.cluster.actors as a, towerps.ps.shard as s; print(a.__file__, s.__file__)"
+WHERE = "import towerps.cluster.run.actors as a, towerps.ps.shard as s; print(a.__file__, s.__file__)"
 
 
 def python(code: str, cwd: Path, pythonpath: str | None = None) -> list[str]:
@@ -38,7 +38,7 @@ def test_no_folder_named_towerps_at_the_top_of_the_checkout():
 
 def test_from_the_checkout_every_part_resolves_to_its_role_folder():
     actors, shard = python(WHERE, cwd=REPO)
-    assert (actors, shard) == (str(REPO / "cluster" / "actors.py"), str(REPO / "ps" / "shard.py"))
+    assert (actors, shard) == (str(REPO / "cluster" / "run" / "actors.py"), str(REPO / "ps" / "shard.py"))
 
 
 def test_the_shipped_folder_is_the_whole_package_and_wins_on_the_path(tmp_path):
@@ -52,7 +52,7 @@ def test_the_shipped_folder_is_the_whole_package_and_wins_on_the_path(tmp_path):
         # A Ray worker has the folder's parent first on PYTHONPATH, and starts
         # in the job's working dir: here, the checkout itself.
         actors, shard = python(WHERE, cwd=REPO, pythonpath=str(folder.parent))
-        assert actors == str(folder / "cluster" / "actors.py")
+        assert actors == str(folder / "cluster" / "run" / "actors.py")
         assert shard == str(folder / "ps" / "shard.py")
     assert not folder.exists()  # removed once Ray has packed it
 
@@ -62,7 +62,7 @@ def test_a_shipped_folder_ships_again_unchanged(tmp_path):
     # py_modules) copies its one folder as it is.
     with towerps_folder() as first:
         names = sorted(str(p.relative_to(first)) for p in Path(first).rglob("*.py"))
-        actors = python(f"from towerps.cluster.session import towerps_folder\n"
+        actors = python(f"from towerps.cluster.run.session import towerps_folder\n"
                         f"with towerps_folder() as f:\n"
                         f"    import pathlib; print(sorted(str(p.relative_to(f)) for p in "
                         f"pathlib.Path(f).rglob('*.py')) == {names!r})",

@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 
 from tests.summaries import make_summary
-from towerps.cluster.report import PLOTS, default_target, write_report
-from towerps.cluster.summary import Evaluation, Staleness
+from towerps.cluster.observe.report import PLOTS, default_target, write_report
+from towerps.cluster.api.summary import Evaluation, Staleness
 
 pytestmark = pytest.mark.unit
 

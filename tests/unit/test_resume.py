@@ -7,8 +7,8 @@ import pytest
 import ray
 
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.cli import main
-from towerps.cluster.driver import resume_config
+from towerps.cluster.api.cli import main
+from towerps.cluster.run.driver import resume_config
 from towerps.errors import CheckpointError, ConfigError
 from towerps.workers.devices import DeviceConfig
 
@@ -63,7 +63,7 @@ def test_resume_takes_the_model_from_the_run_not_from_flags(tmp_path, capsys):
 
 
 def test_a_runs_examples_count_from_step_0_and_its_rate_from_its_own_start():
-    from towerps.cluster.monitor import WatchResult
+    from towerps.cluster.run.monitor import WatchResult
 
     # Resumed at checkpoint 4 (batch 96), shard 0 then applied 5 and 6, a
     # recovery counted 7..9 without records, then 10; shard 0 ended one past

@@ -7,8 +7,8 @@ import stat
 import pytest
 
 from towerps.auth import new_job_secret, write_token_file
-from towerps.cluster.config import TrainConfig
-from towerps.cluster.security import JobSecurity, read_cluster_json, tls_on, write_cluster_json
+from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.run.security import JobSecurity, read_cluster_json, tls_on, write_cluster_json
 from towerps.errors import ConfigError
 
 pytestmark = pytest.mark.unit

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from towerps.cluster.actors import WorkerJob, same_node_of
+from towerps.cluster.run.actors import WorkerJob, same_node_of
 from towerps.errors import BadRequest, BadTensor
 from towerps.shm import SegmentName, new_run_prefix, read_tensors, sweep
 from towerps.wire import TENSOR_ALIGNMENT, WIRE_DTYPES, TensorSpec

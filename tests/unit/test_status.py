@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from towerps.cluster.observe import WorkersFile, read_workers_file
-from towerps.cluster.security import read_cluster_json
-from towerps.cluster.status import SILENT_S, ShardState, render
+from towerps.cluster.observe.observers import WorkersFile, read_workers_file
+from towerps.cluster.run.security import read_cluster_json
+from towerps.cluster.observe.status import SILENT_S, ShardState, render
 from towerps.errors import ConfigError
 from towerps.workers.worker import WorkerReport
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.summaries import make_summary
-from towerps.cluster.summary import CheckpointSummary, Evaluation, RunSummary, Staleness
+from towerps.cluster.api.summary import CheckpointSummary, Evaluation, RunSummary, Staleness
 
 pytestmark = pytest.mark.unit
 

@@ -4,15 +4,15 @@ moved since it last asked (whichever death moved them), where it reads shard
 
 import pytest
 
-from towerps.cluster.summary import Recovery
-from towerps.cluster.supervisor import ShardsBack, Supervisor
+from towerps.cluster.api.summary import Recovery
+from towerps.cluster.recovery.supervisor import ShardsBack, Supervisor
 from towerps.ps.stats import StepRecord
 
 pytestmark = pytest.mark.unit
 
 
 class Job:
-    """What the bookkeeping uses of cluster/job.py's Job: a client to where the shards are."""
+    """What the bookkeeping uses of cluster/run/job.py's Job: a client to where the shards are."""
 
     def __init__(self):
         self.clients = 0

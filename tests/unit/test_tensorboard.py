@@ -7,8 +7,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from towerps.cluster.observe import ShardFigures
-from towerps.cluster.tensorboard import TensorBoard
+from towerps.cluster.observe.observers import ShardFigures
+from towerps.cluster.observe.tensorboard import TensorBoard
 from towerps.proto import towerps_pb2 as pb
 from towerps.workers import WorkerReport
 

@@ -17,7 +17,7 @@ from towerps.workers import Tower, build_model, load_dataset
 from towerps.wire import aligned_copy
 from towerps.workers.faults import Faults
 from towerps.workers.tower import _adoptable
-from towerps.workers.towers import TowerGroup
+from towerps.workers.tower_group import TowerGroup
 from towerps.workers.worker import clip_global_norm
 
 pytestmark = pytest.mark.unit
@@ -273,7 +273,7 @@ def test_towers_on_two_logical_cpus_hold_their_own_variables_and_match_one_tower
         from towerps.workers.devices import DeviceConfig, configure_devices
         devices = configure_devices(DeviceConfig(cpu_towers=2))
         from towerps.workers import Tower, build_model, load_dataset
-        from towerps.workers.towers import TowerGroup
+        from towerps.workers.tower_group import TowerGroup
         data = load_dataset("synthetic", seed=2)
         make = lambda: build_model("cnn", data.input_shape, data.num_classes, seed=2)
         group, one = TowerGroup.build(make, devices), Tower(make())

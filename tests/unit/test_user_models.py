@@ -12,7 +12,7 @@ from towerps.errors import ConfigError
 from towerps.ps import Shard
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower
-from towerps.workers.towers import TowerGroup
+from towerps.workers.tower_group import TowerGroup
 from towerps.workers.variables import ModelVariables
 
 pytestmark = pytest.mark.unit

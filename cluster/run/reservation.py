@@ -185,7 +185,7 @@ def fit_to_cluster(config):
     the node count fails here with ConfigError), or `config` itself when
     nothing changes. Blocks up to NODE_WAIT_TIMEOUT_S for nodes to join.
     """
-    from towerps.cluster.session import wait_for_nodes
+    from towerps.cluster.run.session import wait_for_nodes
 
     if config.min_nodes > 1:
         wait_for_nodes(config.min_nodes)
@@ -298,7 +298,7 @@ def reserve(config, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Reservation:
     """
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from towerps.cluster.actors import actor_options, worker_resources
+    from towerps.cluster.run.actors import actor_options, worker_resources
 
     nodes = alive_nodes()
     per_worker = worker_resources(config)

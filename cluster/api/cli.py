@@ -4,7 +4,7 @@
         --batch-size 128 --steps 1000
     towerps compare --dataset fashion_mnist --modes sync,async,ssp:2 --steps 400
     towerps train --model my_pkg.models:build --data my_pkg.data:load --steps 500
-    towerps train --config job.yaml            # every flag in a file (cluster/jobfile.py)
+    towerps train --config job.yaml            # every flag in a file (cluster/api/jobfile.py)
 
 Flags become one TrainConfig here (validated at once); errors of towerps
 print as one line naming the problem and the fix, with exit status 2.
@@ -21,8 +21,8 @@ import time
 from dataclasses import replace
 
 from towerps import __version__
-from towerps.cluster.interrupts import Interrupted, exit_status
-from towerps.cluster.logs import import_tensorflow, log_to_stderr
+from towerps.cluster.recovery.interrupts import Interrupted, exit_status
+from towerps.cluster.observe.logs import import_tensorflow, log_to_stderr
 from towerps.errors import TowerpsError
 
 # Choices are repeated here (not imported) so that `towerps --help` and a
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     log_to_stderr(args.verbose)
     try:
         if getattr(args, "config", None):
-            from towerps.cluster.jobfile import file_argv
+            from towerps.cluster.api.jobfile import file_argv
 
             args = parser.parse_args(
                 [argv[0], *file_argv(args.config, _command_parser(parser, "train")), *argv[1:]])
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.data:
             raise TowerpsError("--data feeds a model of your own: give --model module:function "
                                "too, or use --dataset for the built-in data sets")
-        from towerps.cluster.config import TrainConfig
+        from towerps.cluster.api.config import TrainConfig
 
         config = TrainConfig(
             dataset=args.dataset,
@@ -291,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
             **_security_fields(args),
         )
         # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
-        from towerps.cluster.driver import train
+        from towerps.cluster.run.driver import train
 
         if args.command == "compare":
             return _compare(config, args)
         if args.resume is not None:
-            from towerps.cluster.driver import resume_config
-            from towerps.cluster.user import resumed_job
+            from towerps.cluster.run.driver import resume_config
+            from towerps.cluster.run.user import resumed_job
 
             config = resume_config(args.resume, args.address, args.steps)
             summary = train(config, resume=True, user=resumed_job(config))
@@ -336,7 +336,7 @@ def _command_parser(parser, name: str):
 
 def _write_job_file(args, parser, run_dir: str) -> None:
     """Fix the run directory and steps, then write the job as --config reads it."""
-    from towerps.cluster.jobfile import write_job_file
+    from towerps.cluster.api.jobfile import write_job_file
 
     args.run_dir, args.steps = run_dir, _steps(args)
     write_job_file(run_dir, args, _command_parser(parser, args.command))
@@ -344,8 +344,8 @@ def _write_job_file(args, parser, run_dir: str) -> None:
 
 def _train_own_model(args, parser):
     """--model module:function [--data module:function]: the user's model, as towerps.fit."""
-    from towerps.cluster.api import fit_job
-    from towerps.cluster.user import UserJob, load_data, resolve_ref, ship_by_value
+    from towerps.cluster.api.fit import fit_job
+    from towerps.cluster.run.user import UserJob, load_data, resolve_ref, ship_by_value
 
     if args.command != "train":
         raise TowerpsError("compare runs the built-in models only; train your model with "
@@ -404,7 +404,7 @@ def _mode_fields(args) -> dict:
 
 
 def _compare(config, args) -> int:
-    from towerps.cluster.compare import compare, parse_modes
+    from towerps.cluster.run.compare import compare, parse_modes
 
     result = compare(config, parse_modes(args.modes, args.staleness_lr), args.target_accuracy)
     with open(result["report"]) as f:
@@ -414,7 +414,7 @@ def _compare(config, args) -> int:
 
 
 def _status(args) -> int:
-    from towerps.cluster.status import status
+    from towerps.cluster.observe.status import status
 
     if not args.interval_s > 0:
         print(f"towerps: error: --interval-s must be positive, got {args.interval_s}",
@@ -434,7 +434,7 @@ def _bench(args) -> int:
     import subprocess
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
     names = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
     if args.name not in names:
         fix = (f"choose one of {', '.join(names)}" if names else

@@ -4,16 +4,16 @@
         trained = job.run(progress)                   # blocks until every worker is done
     # every actor is stopped and the placement group released, whatever happened
 
-`Job.start` reserves one placement-group bundle per node (cluster/placement.py;
+`Job.start` reserves one placement-group bundle per node (cluster/run/reservation.py;
 a node that cannot hold its share fails here with what it lacks), starts one
 ShardActor per shard (each serves gRPC on its node's address) and one
 WorkerActor per worker, and sets the workers up. `Job.run` runs the workers
-while cluster/monitor.py watches the shards' update log, then pulls the
+while cluster/run/monitor.py watches the shards' update log, then pulls the
 final parameters. `Job.stop` ends every actor; it is idempotent and safe to
 call from any phase, so a caller that must end a run early (an interrupt,
 a failed supervisor) only has to reach it.
 
-With checkpoints, `Job.run` watches under a Supervisor (cluster/supervisor.py),
+With checkpoints, `Job.run` watches under a Supervisor (cluster/recovery/supervisor.py),
 which brings dead actors back through `replace_shard`, `rollback_shards`
 and `redirect_workers`; `placement.json` in the run directory always says
 where every actor runs now (node, pid, address).
@@ -31,16 +31,16 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
-from towerps.cluster.actors import (ShardActor, ShardCheckpoints, WorkerActor, WorkerJob,
+from towerps.cluster.run.actors import (ShardActor, ShardCheckpoints, WorkerActor, WorkerJob,
                                     alive_nodes)
-from towerps.cluster.checkpoints import CheckpointPlan, start_sink
-from towerps.cluster.config import TrainConfig
-from towerps.cluster.liveness import Heartbeat
-from towerps.cluster.monitor import WatchResult, watch
-from towerps.cluster.placement import Reservation, reserve
-from towerps.cluster.security import JobSecurity, write_cluster_json
-from towerps.cluster.spares import Spares, SpareSetup
-from towerps.cluster.supervisor import Supervisor
+from towerps.cluster.recovery.checkpoint_plan import CheckpointPlan, start_sink
+from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.recovery.liveness import Heartbeat
+from towerps.cluster.run.monitor import WatchResult, watch
+from towerps.cluster.run.reservation import Reservation, reserve
+from towerps.cluster.run.security import JobSecurity, write_cluster_json
+from towerps.cluster.recovery.spares import Spares, SpareSetup
+from towerps.cluster.recovery.supervisor import Supervisor
 from towerps.errors import ActorDied, ActorFailed, ClusterError, TowerpsError
 from towerps.ps.checkpoint import ShardState
 from towerps.ps.optimizers import KerasState, OptimizerSpec
@@ -256,7 +256,7 @@ class Job:
         return PSClient(list(self.addresses), self.plan, self.config.wire_dtype,
                         max_attempts=2, backoff_s=0.05, credentials=self.security.driver)
 
-    # -- recovery: the supervisor's hands (cluster/supervisor.py) -------------
+    # -- recovery: the supervisor's hands (cluster/recovery/supervisor.py) -------------
 
     def replace_shard(self, k: int, version: int, node_id: str | None = None,
                       rows: dict | None = None) -> None:
@@ -296,7 +296,7 @@ class Job:
                                    faults=job.faults.for_replacement())
 
     def replace_worker(self, rank: int) -> bool:
-        """Dead worker `rank`'s rank to a warm spare (cluster/spares.py), or, with
+        """Dead worker `rank`'s rank to a warm spare (cluster/recovery/spares.py), or, with
         none left, to a new actor in its placement bundle set up like the first;
         blocks until it is ready (a cold one imports TensorFlow and builds its
         model: seconds). It does not run yet. Returns whether a spare took it."""
@@ -432,7 +432,7 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
         mode=config.mode,
         end_version=config.end_version,
         global_clipnorm=global_clipnorm,
-        # With checkpoints a dead shard comes back (cluster/supervisor.py): wait for it.
+        # With checkpoints a dead shard comes back (cluster/recovery/supervisor.py): wait for it.
         recovery_wait_s=config.pull_timeout_s if config.checkpoint_every else 0.0,
         push_pull=config.push_pull,
     )

@@ -56,7 +56,7 @@ class Heartbeat:
     """Asks running workers whether they are alive; not thread-safe (the watch loop's)."""
 
     def __init__(self, job, clock: Callable[[], float] = time.monotonic):
-        self.job = job  # cluster/job.py's Job: its workers and where each runs
+        self.job = job  # cluster/run/job.py's Job: its workers and where each runs
         self._clock = clock
         self._asked: dict[int, tuple[object, object, float]] = {}  # rank: (actor, ref, when)
         self._node = ray.get_runtime_context().get_node_id()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from towerps.cluster.observe import Observer, ShardFigures, start_of
+from towerps.cluster.observe.observers import Observer, ShardFigures, start_of
 
 
 class TensorBoard(Observer):

@@ -56,14 +56,14 @@ class Spares:
     """The job's warm spare workers; not thread-safe (the watch loop's)."""
 
     def __init__(self, job, setup: SpareSetup):
-        self.job = job  # cluster/job.py's Job
+        self.job = job  # cluster/run/job.py's Job
         self.setup = setup
         self._pool: deque[Spare] = deque()  # oldest first
         self._count = 0
 
     def start(self) -> list[dict]:
         """Warm a spare in each spare bundle; blocks until all are; returns their records."""
-        from towerps.cluster.job import get
+        from towerps.cluster.run.job import get
 
         for bundle in self.job.reservation.layout.spare_bundle:
             self._start(bundle)
@@ -78,7 +78,7 @@ class Spares:
 
         Blocks until that spare is warm (it may still be warming) and has
         taken over; starts the next spare in the freed bundle without waiting."""
-        from towerps.cluster.job import get, get_in_bundle
+        from towerps.cluster.run.job import get, get_in_bundle
 
         self._note_ready()
         while self._pool:
@@ -104,7 +104,7 @@ class Spares:
         return [s.actor for s in self._pool]
 
     def _start(self, bundle: int) -> None:
-        from towerps.cluster.actors import WorkerActor
+        from towerps.cluster.run.actors import WorkerActor
 
         index, self._count = self._count, self._count + 1
         actor = WorkerActor.options(**self.job.reservation.bundle_options(bundle)).remote(

@@ -40,8 +40,8 @@ from pathlib import Path
 import ray
 
 import towerps
-from towerps.cluster.interrupts import Interrupted
-from towerps.cluster.logs import actor_env, ray_logging_level
+from towerps.cluster.recovery.interrupts import Interrupted
+from towerps.cluster.observe.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
 
 log = logging.getLogger("towerps")

@@ -27,7 +27,7 @@ from towerps.auth import (
     Credentials, ShardCredentials, new_job_secret, read_token_file, worker_token,
     write_token_file,
 )
-from towerps.cluster.config import TrainConfig
+from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
 from towerps.tls import (
     SERVER_NAME, TlsMaterial, load_client_tls, load_tls_dir, make_job_tls, write_tls_dir,

@@ -25,9 +25,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from towerps.cluster.config import TrainConfig
-from towerps.cluster.summary import RunSummary
-from towerps.cluster.user import UserData, UserJob, describe, resolve_ref, ship_by_value
+from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.api.summary import RunSummary
+from towerps.cluster.run.user import UserData, UserJob, describe, resolve_ref, ship_by_value
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +74,7 @@ def fit(build_model: Callable | str, train, validation=None, *, num_workers: int
 
 def fit_job(user: UserJob, progress: bool | None = None, **fields) -> FitResult:
     """Run `user`'s job with TrainConfig `fields`; the CLI's way in too."""
-    from towerps.cluster.driver import train_model
+    from towerps.cluster.run.driver import train_model
 
     fields.setdefault("model_fn", describe(user.build_model))
     config = TrainConfig(dataset=user.data.kind, **fields)

@@ -10,7 +10,7 @@ first whenever an actor of the job dies, because the two cases differ:
 
 - a **shard** of a lost node starts again from its part of the latest
   complete checkpoint on a surviving node, outside the placement group
-  (cluster/placement.py `shard_options_on` says why);
+  (cluster/run/reservation.py `shard_options_on` says why);
 - a **worker** of a lost node is not replaced (a placement bundle on a lost
   node waits for a node that may never come, and the survivors' bundles are
   taken): the live workers share each global batch from then on
@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 
-from towerps.cluster.summary import Recovery
+from towerps.cluster.api.summary import Recovery
 from towerps.errors import ClusterError
 from towerps.workers.redirect import Redirect, share_rows
 

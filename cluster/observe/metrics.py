@@ -23,7 +23,7 @@ from __future__ import annotations
 import ray
 from ray.util.metrics import Gauge
 
-from towerps.cluster.observe import Observer, ShardFigures, start_of
+from towerps.cluster.observe.observers import Observer, ShardFigures, start_of
 
 
 _SHARD_FIGURES = {  # ShardFigures' names

@@ -13,7 +13,7 @@ cluster: the head node, where the driver writes it). Two sources:
            late (dropped) and refused pushes, the bytes each holds, MB/s of
            pushes in and pulls out, ms per optimizer update, pulls waiting;
   workers  workers.json, which the driver rewrites about every second with
-           each worker's figures (cluster/observe.py): step, examples/s,
+           each worker's figures (cluster/observe/observers.py): step, examples/s,
            device, where its steps' time goes, alive or not. A file the
            driver stopped rewriting (its process is gone) shows as "silent".
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import grpc
 
 from towerps.auth import Credentials, bearer
-from towerps.cluster.observe import read_workers_file
-from towerps.cluster.security import read_cluster_json
+from towerps.cluster.observe.observers import read_workers_file
+from towerps.cluster.run.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.stats import COUNTERS_ONLY

@@ -6,22 +6,22 @@
 `train` reads top to bottom as the run does:
 
  1. prepare   load the data set, build the model (a built-in one, or the
-              user's: cluster/user.py) and plan which shard holds which
+              user's: cluster/run/user.py) and plan which shard holds which
               variable, here: a bad flag, a missing data set, a model without
               a loss fails now, before Ray or any actor starts; a built-in
               model whose placement cannot fail is built (TensorFlow
               imported) on a thread while Ray starts (_Building);
  2. start     put the variables on the shards, start the shard and worker
-              actors and set them up (cluster/job.py);
+              actors and set them up (cluster/run/job.py);
  3. run       run the workers while watching the shards' update log for the
-              progress bar and metrics.jsonl (cluster/monitor.py); a worker
+              progress bar and metrics.jsonl (cluster/run/monitor.py); a worker
               that fails stops the run at once; a time budget ends it early;
               with checkpoints, the watch loop is a supervisor that brings a
-              dead shard back inside the job (cluster/supervisor.py);
+              dead shard back inside the job (cluster/recovery/supervisor.py);
               then pull the final parameters and stop every actor;
  4. evaluate  the test set on the final parameters (and on the snapshots
-              taken along the way, with eval_points; cluster/evals.py);
- 5. save      model.keras and summary.json (cluster/summary.py) in the run
+              taken along the way, with eval_points; cluster/observe/evals.py);
+ 5. save      model.keras and summary.json (cluster/api/summary.py) in the run
               directory, and model.keras of the latest complete checkpoint
               in its folder (with --checkpoint-every).
 
@@ -43,20 +43,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from towerps import __version__
-from towerps.cluster.checkpoints import latest_checkpoint
-from towerps.cluster.config import TrainConfig
-from towerps.cluster.evals import Snapshot, evaluate
-from towerps.cluster.interrupts import StopRequest
-from towerps.cluster.job import Job, Payload, Trained
-from towerps.cluster.logs import import_tensorflow
-from towerps.cluster.metrics import RayMetrics
-from towerps.cluster.observe import Observers, WorkersFile
-from towerps.cluster.placement import fit_to_cluster
-from towerps.cluster.session import ray_session
-from towerps.cluster.summary import (
+from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
+from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.observe.evals import Snapshot, evaluate
+from towerps.cluster.recovery.interrupts import StopRequest
+from towerps.cluster.run.job import Job, Payload, Trained
+from towerps.cluster.observe.logs import import_tensorflow
+from towerps.cluster.observe.metrics import RayMetrics
+from towerps.cluster.observe.observers import Observers, WorkersFile
+from towerps.cluster.run.reservation import fit_to_cluster
+from towerps.cluster.run.session import ray_session
+from towerps.cluster.api.summary import (
     CheckpointSummary, Evaluation, RunSummary, Staleness, WorkerTime,
 )
-from towerps.cluster.user import UserJob
+from towerps.cluster.run.user import UserJob
 from towerps.errors import ConfigError
 from towerps.ps.optimizers import KerasState
 from towerps.workers.catalog import NUM_VARIABLES
@@ -89,7 +89,7 @@ def train_model(config: TrainConfig, progress: bool | None = None,
                 user: UserJob | None = None, resume: bool = False) -> tuple[RunSummary, keras.Model]:
     """`train`, also returning the driver's model, which holds the final weights.
 
-    SIGINT/SIGTERM (on the main thread; cluster/interrupts.py): during
+    SIGINT/SIGTERM (on the main thread; cluster/recovery/interrupts.py): during
     start-up, or a second one, raise `Interrupted` after stopping everything;
     during training, the run ends at the next step and is evaluated and
     saved, its summary marked "stopped": "interrupted". Off the main thread
@@ -213,7 +213,7 @@ def _build_while_ray_starts(config: TrainConfig, dataset) -> _Built:
 def observe(job: Job) -> Observers:
     """Who watches the run: TensorBoard event files and workers.json (for
     `towerps status`) in the run directory, and Ray metrics."""
-    from towerps.cluster.tensorboard import TensorBoard
+    from towerps.cluster.observe.tensorboard import TensorBoard
 
     return Observers([
         TensorBoard(job.run_dir),
@@ -304,7 +304,7 @@ def build(config: TrainConfig, dataset) -> Prepared:
 
 def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
     """Build the user's model here and check it, its optimizer and data. No Ray."""
-    from towerps.cluster.user import check_model
+    from towerps.cluster.run.user import check_model
     from towerps.workers import Tower
     from towerps.ps.keras_optimizer import optimizer_spec
 

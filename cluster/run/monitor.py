@@ -8,20 +8,20 @@ of each one) for the progress bar and `metrics.jsonl`; a worker that fails
 raises here at once. With `budget_s`, once the budget is spent the shards
 are told to end at the next version (`Shard.end_at`); the workers see the
 end in their next pull and stop. With `eval_points`, parameter snapshots
-are taken along the way (cluster/evals.py) for the test-accuracy curve.
+are taken along the way (cluster/observe/evals.py) for the test-accuracy curve.
 
 A metrics record covers the updates since the previous one: one every
 `log_every` global batches of examples (log_every updates in sync,
 log_every * num_workers pushes in async/ssp), and one at the end.
 
-With a supervisor (cluster/supervisor.py; a job that takes checkpoints), a
+With a supervisor (cluster/recovery/supervisor.py; a job that takes checkpoints), a
 failed status call asks it to bring dead shards back; a worker whose
 process died is replaced, and watching goes on with the replacement's `run`
 call; a worker whose run had ended before a rollback runs again from its
 version. Whichever death brought shards back (a shard's, a worker's found
 with a dead shard, a node's), watching goes on with a client to where the
 shards are now. A worker's death is known from its `run` call failing, or,
-if Ray is late to report it, from cluster/liveness.py. After a rollback the
+if Ray is late to report it, from cluster/recovery/liveness.py. After a rollback the
 shards make the rolled-back versions again; the log is counted after the
 newest version already seen, so no step is counted twice (a replaced shard
 0, whose log starts at the checkpoint, has its missing records read from a
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import ray
 from tqdm import tqdm
 
-from towerps.cluster.evals import Snapshot, Snapshots
-from towerps.cluster.observe import Observer
+from towerps.cluster.observe.evals import Snapshot, Snapshots
+from towerps.cluster.observe.observers import Observer
 from towerps.errors import ActorDied, ClusterError, ShardUnavailable
 
 POLL_S = 0.25  # how often the driver reads the update log while workers run
@@ -136,7 +136,7 @@ def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
     `stop` (a StopRequest): once it is requested, the shards end the run at
     their next version, as a spent time budget does. `supervisor`: brings
     dead shards back instead of failing (see the module's docstring).
-    `heartbeat` (cluster/liveness.py): judges running workers dead without
+    `heartbeat` (cluster/recovery/liveness.py): judges running workers dead without
     waiting for Ray's report of their death.
     """
     observer = observer or Observer()

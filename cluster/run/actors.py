@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import ray
 
@@ -43,7 +44,7 @@ def alive_nodes() -> int:
 def shard_host() -> str:
     """The address a shard's gRPC server binds: loopback when the Ray cluster
     is one node, so a one-machine job opens no port to the network (and
-    `--tls auto` leaves TLS off for the same reason: cluster/security.py);
+    `--tls auto` leaves TLS off for the same reason: cluster/run/security.py);
     the node's address otherwise, where workers on other nodes reach it."""
     return LOOPBACK if alive_nodes() == 1 else ray.util.get_node_ip_address()
 
@@ -58,7 +59,7 @@ def _node_record(role: str, index: int) -> dict:
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         # Where this process loaded towerps from: a Ray job's working dir, or an install.
-        "code": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "code": str(Path(__file__).resolve().parents[2]),
     }
 
 
@@ -207,7 +208,7 @@ class ShardCheckpoints:
     """What a shard actor needs to take checkpoints, or to start from one."""
 
     every: int  # versions between checkpoints
-    store: object  # a CheckpointStore or cluster/checkpoints.py's SinkStore
+    store: object  # a CheckpointStore or cluster/recovery/checkpoint_plan.py's SinkStore
     num_shards: int
     resume_version: int | None = None  # start from this checkpoint's part
 
@@ -248,7 +249,7 @@ class WorkerActor:
     """One worker: its data set, its towers (one per device) and its client to every shard."""
 
     def __init__(self, rank: int, verbose: bool = False):
-        from towerps.cluster.logs import import_tensorflow
+        from towerps.cluster.observe.logs import import_tensorflow
         from towerps.ps.memory import keep_freed_memory
 
         # A pull makes arrays as large as the parameters every step: reuse
@@ -270,7 +271,7 @@ class WorkerActor:
         return self._assign(spec, job, inputs, credentials, reopen=False)
 
     def warm(self, spec, job: WorkerJob, inputs=None) -> dict:
-        """Set up as a spare (cluster/spares.py): TensorFlow, the data and the
+        """Set up as a spare (cluster/recovery/spares.py): TensorFlow, the data and the
         towers, built as `setup` builds them, but no client and no rank yet;
         `take_over` gives it one. Returns its record (role "spare")."""
         self._build(spec, job, inputs)
@@ -289,7 +290,7 @@ class WorkerActor:
         from towerps.workers.devices import (DeviceConfig, configure_devices, share_cores,
                                              tensorflow_threads)
         from towerps.workers.faults import Faults
-        from towerps.workers.towers import TowerGroup
+        from towerps.workers.tower_group import TowerGroup
 
         # Devices first: TensorFlow fixes them when it initialises. A bad
         # setting (a GPU that is not there) fails here, before any step.

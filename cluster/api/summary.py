@@ -110,7 +110,7 @@ class CheckpointSummary:
 
 @dataclass(frozen=True)
 class Recovery:
-    """One failure the job recovered from inside the run (cluster/supervisor.py)."""
+    """One failure the job recovered from inside the run (cluster/recovery/supervisor.py)."""
 
     role: str  # what died: "ps" (a shard) or "worker"
     index: int  # the shard's index or the worker's rank

@@ -10,7 +10,7 @@
 
 A shard's process that dies takes its actor with it: a call to the actor
 fails at once, and every gRPC call to its address fails. When the driver's
-status poll (cluster/monitor.py) fails, the supervisor pings every shard
+status poll (cluster/run/monitor.py) fails, the supervisor pings every shard
 actor; for each that is dead it starts a new ShardActor in the same
 placement-group bundle, restored from the latest complete checkpoint, rolls
 every other shard back to that version (a sync step must never mix
@@ -21,7 +21,7 @@ with the weights it would have had. Each recovery is recorded
 (summary.json's `recoveries`).
 
 A worker that dies is replaced by a warm spare (`--spare-workers`,
-cluster/spares.py) or, with none left, by a new WorkerActor in its bundle,
+cluster/recovery/spares.py) or, with none left, by a new WorkerActor in its bundle,
 set up as the first was, which takes its rank. Where it starts comes from the
 shards' exactly-once tables (`Shard.worker_position`): what makes a push
 unique is (rank, step) in sync mode and (rank, clock: the count of global
@@ -40,7 +40,7 @@ from the rollback's version, in a replacement if it died meanwhile.
 after the positions were read would be missed by this check; Ray reports a
 death well after the process's sockets are closed.)
 
-A node lost for good (cluster/nodes.py) takes its shards and workers with
+A node lost for good (cluster/recovery/node_loss.py) takes its shards and workers with
 it: its shards start again on a surviving node, outside the placement
 group, and its workers are not replaced; the live workers take over their
 rows of every global batch from the latest complete checkpoint on.
@@ -58,9 +58,9 @@ from dataclasses import dataclass
 
 import ray
 
-from towerps.cluster.checkpoints import latest_checkpoint
-from towerps.cluster.nodes import NodeLoss
-from towerps.cluster.summary import Recovery
+from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
+from towerps.cluster.recovery.node_loss import NodeLoss
+from towerps.cluster.api.summary import Recovery
 from towerps.errors import ActorDied, CheckpointError, ClusterError
 from towerps.workers.redirect import Redirect
 
@@ -81,7 +81,7 @@ class Supervisor:
     """Brings a job's dead actors back; not thread-safe (the driver's watch loop calls it)."""
 
     def __init__(self, job):
-        self.job = job  # cluster/job.py's Job
+        self.job = job  # cluster/run/job.py's Job
         self.generation = 0  # counts redirects handed to the workers
         self.last_redirect: Redirect | None = None  # the latest rollback's
         self.recoveries: list[Recovery] = []

@@ -7,7 +7,7 @@ Every mode trains on the same data, model and seed: the runs' TrainConfigs
 differ only in their mode fields and run folder (run_dir/<mode>/). One Ray
 session serves them all. Each run snapshots its parameters along the way so
 its test-accuracy curve can be drawn; then run_dir/report.md, compare.json
-and the PNG plots compare them (cluster/report.py).
+and the PNG plots compare them (cluster/observe/report.py).
 
 Modes: sync, backup:B (sync with B backup workers), async, ssp:S; a trailing
 +lr turns on the staleness-aware learning rate for that entry.
@@ -19,10 +19,10 @@ import dataclasses
 import os
 import time
 
-from towerps.cluster.config import TrainConfig
-from towerps.cluster.driver import train
-from towerps.cluster.report import write_report
-from towerps.cluster.session import ray_session
+from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.run.driver import train
+from towerps.cluster.observe.report import write_report
+from towerps.cluster.run.session import ray_session
 from towerps.errors import ConfigError
 from towerps.ps.modes import Mode
 

@@ -6,7 +6,7 @@
             snapshots.add(version, wall_s, client.pull(min_version=0, ...)[1])
     ...after training:
         curve = evaluate(snapshots.items, tower, model, x_test, y_test, examples_at)
-        # a list of cluster/summary.py Evaluations, in order
+        # a list of cluster/api/summary.py Evaluations, in order
 
 Training only copies the parameters (one pull); the test set is evaluated
 after the workers are done, so the wall times of the curve are those of
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from towerps.cluster.summary import Evaluation
+from towerps.cluster.api.summary import Evaluation
 
 
 @dataclass(frozen=True)

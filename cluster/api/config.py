@@ -45,7 +45,7 @@ class TrainConfig:
     num_workers: int = 2
     num_ps: int = 2
     # Joining a cluster: one shard and one worker per alive node, set once the
-    # driver has joined (cluster/placement.py); the counts above are checked
+    # driver has joined (cluster/run/reservation.py); the counts above are checked
     # first, then replaced.
     per_node: bool = False
     min_nodes: int = 1  # wait until this many nodes are alive before placing
@@ -75,13 +75,13 @@ class TrainConfig:
     # install; set by tests and benchmarks, never saved (config.json, job.yaml).
     faults: object = None
     pull_timeout_s: float = 300.0
-    # Shard checkpoints (ps/checkpoint.py, cluster/checkpoints.py): every N
+    # Shard checkpoints (ps/checkpoint.py, cluster/recovery/checkpoint_plan.py): every N
     # global batches (0: none), into the run directory or a pyarrow.fs URI.
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 3
     # Warm workers kept ready to take a dead worker's rank at once
-    # (cluster/spares.py); each holds one more worker bundle. Needs checkpoints.
+    # (cluster/recovery/spares.py); each holds one more worker bundle. Needs checkpoints.
     spare_workers: int = 0
     # The data plane (docs/security.md): every call carries the job's token;
     # token_file: the operator's job secret (None: the driver makes one);

@@ -26,7 +26,7 @@ import os
 # The object API, not pyplot: no global figure state and no display backend.
 from matplotlib.figure import Figure
 
-from towerps.cluster.summary import Evaluation, RunSummary
+from towerps.cluster.api.summary import Evaluation, RunSummary
 
 PLOTS = ("accuracy_vs_time.png", "accuracy_vs_examples.png", "staleness_histogram.png")
 
