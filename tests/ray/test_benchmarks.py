@@ -3,7 +3,6 @@
 the figures are only checked for being there and being sane."""
 
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -34,44 +33,49 @@ def run_bench(name, tmp_path, *flags) -> dict:
 
 
 def test_overhead(tmp_path):
-    figures = run_bench("overhead", tmp_path)["figures"]
+    result = run_bench("overhead", tmp_path)
+    inputs, figures = result["inputs"], result["figures"]
     assert figures["keras_examples_per_s"] > 0 and figures["towerps_examples_per_s"] > 0
-    assert figures["ratio"] == pytest.approx(
-        figures["towerps_examples_per_s"] / figures["keras_examples_per_s"])
-    for r in figures["rounds"]:
-        parts = r["serial_parts_s"]
-        assert parts["worker_s"] > 0 and parts["update_s"] > 0
-        assert r["ceiling"] == pytest.approx(
-            r["keras_step_s"] / (parts["worker_s"] + parts["update_s"]))
-    assert figures["ceiling"] == pytest.approx(
-        statistics.median(r["ceiling"] for r in figures["rounds"]))
-    for r in figures["rounds"]:  # the paired steps: with and without the transport
-        pair = r["paired"]
-        assert pair["pairs"] == 6 and pair["transport"] == "shm"
-        assert pair["compute_alone_s"] > 0 and pair["compute_after_push_pull_s"] > 0
-        assert pair["push_pull_s"] > 0 and pair["set_weights_s"] > 0
-        assert isinstance(pair["shard_minor_faults_per_step"], float)  # read from /proc
-    assert figures["paired"]["compute_diff_s"] == pytest.approx(
-        statistics.median(r["paired"]["compute_diff_s"] for r in figures["rounds"]))
+    assert figures["ratio"] > 0 and figures["ceiling"] > 0
+    (round_,) = figures["rounds"]  # --tiny: one round
+    # The rate is a real towerps run's: 1 worker and 1 shard, every step asked of it
+    # (warm-up included), each moving all 235,146 float32 parameters of the MLP both ways.
+    steps = inputs["warmup_steps"] + inputs["steps"]
+    assert [(w["rank"], w["steps"]) for w in round_["towerps_worker_time_s"]] == [(0, steps)]
+    assert round_["towerps_wire_bytes_per_step"] == 2 * 235_146 * 4
+    assert set(round_["by_transport"]) == set(inputs["same_node_transports"]) == {"shm"}
+    parts = round_["serial_parts_s"]
+    assert parts["worker_s"] > 0 and parts["update_s"] > 0 and round_["ceiling"] > 0
+    # The paired steps: with and without the transport, through a real shard actor.
+    pair = round_["paired"]
+    assert pair["pairs"] == 6 and pair["transport"] == "shm"
+    assert pair["compute_alone_s"] > 0 and pair["compute_after_push_pull_s"] > 0
+    assert pair["push_pull_s"] > 0 and pair["set_weights_s"] > 0
+    assert isinstance(pair["shard_minor_faults_per_step"], float)  # read from /proc
 
 
 def test_transport(tmp_path):
-    per_size = run_bench("transport", tmp_path)["figures"]["per_size"]
+    result = run_bench("transport", tmp_path)
+    per_size, reps = result["figures"]["per_size"], result["inputs"]["reps"]
     assert list(per_size) == ["1MB", "4MB"]
-    for size in per_size.values():
+    # What moved: float32 rows of 1,024 up to each size (MB = 10^6 bytes), in tensors
+    # of at most --tensor-mb 2, each operation timed once per repetition.
+    for (name, size), mb, count, tensors in zip(per_size.items(), (1, 4), reps, (1, 2)):
+        assert size["parameter_bytes"] == 4096 * (mb * 10**6 // 4096), name
+        assert size["num_tensors"] == tensors, name
+        assert size["raw_times_s"] and all(len(times) == count
+                                           for times in size["raw_times_s"].values()), name
         for key in ("grpc_push_mb_per_s", "grpc_pull_mb_per_s", "bare_push_mb_per_s",
                     "bare_pull_mb_per_s", "fresh_push_mb_per_s", "fresh_pull_mb_per_s",
                     "tcp_send_mb_per_s", "tcp_recv_mb_per_s"):
             assert size[key] > 0
+        assert size["push_vs_bare"] > 0 and size["pull_vs_fresh"] > 0
         # The shard holds the parameters (and the step's buffer): its peak is above them.
         assert size["shard_hwm_bytes"] > size["parameter_bytes"]
         assert size["client_hwm_bytes"] >= size["client_rss_before_bytes"]
-        assert size["push_vs_bare"] == pytest.approx(
-            size["grpc_push_mb_per_s"] / size["bare_push_mb_per_s"])
-        assert size["pull_vs_fresh"] == pytest.approx(
-            size["grpc_pull_mb_per_s"] / size["fresh_pull_mb_per_s"])
     tls = per_size["1MB"]["tls_vs_plain"]  # --tiny measures 1 MB with TLS too
     assert tls["push"] > 0 and tls["pull"] > 0
+    assert "tls" not in per_size["4MB"]
 
 
 def test_fuzz(tmp_path):

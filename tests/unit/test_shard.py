@@ -3,6 +3,7 @@ import threading
 import numpy as np
 import pytest
 
+from tests.polling import wait_until
 from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
@@ -90,18 +91,21 @@ def test_push_for_a_future_step_or_unknown_worker_is_refused():
     assert shard.version == 0
 
 
+def pulls_waiting(shard) -> int:
+    return shard.stats()[1].pulls_waiting
+
+
 def test_pull_waits_for_the_version_and_wakes_when_the_step_applies():
     shard = make_shard(num_workers=1)
     got = {}
-    started = threading.Event()
 
     def puller():
-        started.set()
         got["result"] = shard.pull(1, timeout_s=30.0)
 
     thread = threading.Thread(target=puller)
     thread.start()
-    assert started.wait(5.0)
+    # The pull is blocked inside the shard, not merely started: the push wakes it.
+    wait_until(lambda: pulls_waiting(shard) == 1, 30.0, "the pull to wait for version 1")
     assert "result" not in got
     shard.push(0, 0, grads(1.0), 1)
     thread.join(timeout=30.0)
@@ -182,9 +186,12 @@ def test_close_wakes_waiting_pulls():
 
     thread = threading.Thread(target=puller)
     thread.start()
+    # Closed while the pull waits: a pull of a closed shard raises without waiting.
+    wait_until(lambda: pulls_waiting(shard) == 1, 30.0, "the pull to wait for version 5")
     shard.close()
     thread.join(timeout=30.0)
-    assert len(errors) == 1
+    assert not thread.is_alive()
+    assert len(errors) == 1 and pulls_waiting(shard) == 0
 
 
 def test_every_push_outcome_has_a_wire_name_and_the_wire_no_other():
