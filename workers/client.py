@@ -13,8 +13,8 @@ shard is called on the caller's thread), so one slow shard does not
 serialise the others. Transient failures are retried
 with exponential backoff up to `max_attempts`: UNAVAILABLE (a shard
 restarting or not yet listening) for every call, DEADLINE_EXCEEDED for
-pushes. A repeated push is safe: it names (worker_rank, step) and carries
-its attempt number, and shards apply each (worker_rank, step) once.
+pushes. A repeated push is safe: it names (worker_rank, step), and shards
+apply each (worker_rank, step) once.
 Anything else surfaces as a towerps error. Thread-safe.
 
 Credentials (towerps/auth.py): every call carries their token (a worker's
@@ -279,7 +279,6 @@ class PSClient:
                 header = pb.PushHeader(
                     worker_rank=worker_rank,
                     step=step,
-                    attempt=attempt,
                     num_examples=num_examples,
                     loss=loss,
                     num_tensors=len(per_shard[k]),
