@@ -135,12 +135,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def wire_bytes(specs: Mapping[str, TensorSpec] | Sequence[int]) -> int:
-    """Bytes a segment needs for these float32 tensors (any wire dtype fits)."""
-    values = specs.values() if isinstance(specs, Mapping) else specs
-    return sum(v.nbytes if isinstance(v, TensorSpec) else int(v) for v in values)
-
-
 def write_tensors(fd: int, tensors: Mapping[str, np.ndarray],
                   wire_dtype: np.dtype | None = None, size: int | None = None
                   ) -> list[pb.SharedTensor]:

@@ -12,7 +12,7 @@ that becomes the array, aligned as TensorFlow aligns its own tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import math
@@ -249,17 +249,6 @@ class TensorAssembler:
             want = self._expected[name].dtype if self._expected is not None else spec.dtype
             out[name] = widened(array, want)
         return out
-
-
-def decode_tensors(
-    chunks: Iterable[pb.TensorChunk],
-    expected: Mapping[str, TensorSpec] | None = None,
-    num_tensors: int | None = None,
-) -> dict[str, np.ndarray]:
-    assembler = TensorAssembler(expected)
-    for chunk in chunks:
-        assembler.add(chunk)
-    return assembler.finish(num_tensors)
 
 
 def pull_wire_dtype(code: int) -> np.dtype | None:
