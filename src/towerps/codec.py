@@ -32,6 +32,9 @@ a message with neither a header nor a chunk is malformed; and the reader's
 assembler refuses a chunk that is neither 4 KiB long nor the end of its
 tensor (towerps/wire.py), so a stream holds at most about one chunk per
 4 KiB of the tensors it must carry. The writer never exceeds these bounds.
+At a shard these are stages 3 (each message) and 4 (`read_header`) of a
+call's checks, and `read_chunks` the chunk carrier's stage 6: the order is
+ps/pipeline.py's.
 """
 
 from __future__ import annotations
