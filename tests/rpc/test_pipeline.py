@@ -67,7 +67,8 @@ def test_both_carriers_answer_every_call_with_the_same_reply(shard_server):
     chunks = ChunkCarrier(channel, None, float32, "shard 0")
     segments = SegmentCarrier(channel, None, float32, pair, "shard 0")
     try:
-        pulled = [c.pull(pb.PullRequest(min_version=0, timeout_s=5), 10) for c in (chunks, segments)]
+        request = pb.PullRequest(min_version=0, timeout_s=5)
+        pulled = [carrier.pull(request, 10) for carrier in (chunks, segments)]
         assert [(r.version, r.outcome) for r in pulled] == [(0, None)] * 2
         for reply in pulled:
             assert set(reply.tensors) == set(VARIABLES)
