@@ -180,7 +180,7 @@ def strategies(segments=None, shared=()):
                        st.floats(allow_nan=True, allow_infinity=True))
     header = st.builds(
         pb.PushHeader, worker_rank=st.one_of(st.sampled_from([0, 1, 2]), int_of(32)),
-        step=st.one_of(st.just(0), int_of(64)), attempt=int_of(64),
+        step=st.one_of(st.just(0), int_of(64)),
         num_examples=st.one_of(st.sampled_from([1, GLOBAL_BATCH, GLOBAL_BATCH + 1]), int_of(64)),
         loss=floats, num_tensors=st.one_of(st.sampled_from([1, 2]), int_of(32)),
         skip_step=st.booleans())

@@ -59,10 +59,9 @@ class SharedTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_rank", "step", "attempt", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared", "pull")
+    __slots__ = ("worker_rank", "step", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared", "pull")
     WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
-    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -72,7 +71,6 @@ class PushHeader(_message.Message):
     PULL_FIELD_NUMBER: _ClassVar[int]
     worker_rank: int
     step: int
-    attempt: int
     num_examples: int
     loss: float
     num_tensors: int
@@ -80,7 +78,7 @@ class PushHeader(_message.Message):
     segment: str
     shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
     pull: PullRequest
-    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("header", "chunks")

@@ -7,6 +7,8 @@
 Each check raises BadTensor, BadRequest, NotFinite or StepMismatch naming the
 value and the fix, and changes nothing: the Shard calls them, with its lock
 held, before it touches any state, and counts the refusal (ps/shard.py).
+They are stage 7 of a call's checks, the last before exactly-once; the
+stages before, and their order, are in ps/pipeline.py.
 """
 
 from __future__ import annotations

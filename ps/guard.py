@@ -1,4 +1,4 @@
-"""The door of a shard's gRPC server: credentials, call caps, request parsing.
+"""The door of a shard's gRPC server: stages 1 to 3 of ps/pipeline.py.
 
     guard = Guard(Authenticator(secret), ShardLimits())   # auth None: no credentials asked
     server = grpc.server(pool, interceptors=[guard], ...)
@@ -6,12 +6,16 @@
 For every call to every service of the server (ParameterServer, health,
 reflection), before any byte of the request is parsed:
  1. with an Authenticator, the bearer token is checked (constant time);
-    missing or wrong: UNAUTHENTICATED, nothing else runs;
+    missing or wrong: UNAUTHENTICATED, nothing else runs. The principal it
+    proves is worked out here once and travels with the call: the method
+    gets a `Call` (gRPC's context, and the principal) for its context;
  2. the call takes a slot of the shard's and of its peer's caps (the peer
     is the authenticated principal, or the caller's host without
     credentials); beyond either: RESOURCE_EXHAUSTED with the cap named;
  3. a request that its deserializer cannot parse ends the call with
     INVALID_ARGUMENT and the reason, never gRPC's INTERNAL.
+And after the method: a TowerpsError it raised ends the call with its
+status code (ps/transport.py's STATUS_CODES), so no method maps its own.
 
 The authentication runs on gRPC's serving thread (the interceptor), the rest
 on the call's pool thread.
@@ -19,12 +23,58 @@ on the call's pool thread.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import grpc
 from google.protobuf.message import DecodeError
 
-from towerps.auth import Authenticator
-from towerps.errors import Overloaded
+from towerps.auth import Authenticator, Principal
+from towerps.errors import AccessDenied, BadRequest, NotAuthenticated
 from towerps.ps.limits import CallSlots, ShardLimits
+from towerps.ps.transport import ANSWERED, abort
+
+
+class Call:
+    """One call as every stage after the first sees it: gRPC's context and
+    the principal stage 1 authenticated (None: the server asks for no
+    credentials, and any caller may act as any rank). Everything else of the
+    context is reached through it, so the standard services take it as theirs."""
+
+    def __init__(self, context: grpc.ServicerContext, principal: Principal | None):
+        self._context = context
+        self.principal = principal
+        self._ended: threading.Event | None = None
+
+    def __getattr__(self, name: str):  # abort, cancel, time_remaining, peer, ...
+        return getattr(self._context, name)
+
+    def check_may_push_as(self, rank: int) -> None:
+        """AccessDenied unless the principal may push as worker `rank` (with
+        credentials, only worker `rank`'s token may)."""
+        if self.principal is not None and not self.principal.may_push_as(rank):
+            raise AccessDenied(f"{self.principal.name} may not push as worker {rank}")
+
+    def wait_s(self, timeout_s: float) -> float:
+        """`timeout_s`, but never past the caller's deadline."""
+        remaining = self._context.time_remaining()
+        return timeout_s if remaining is None else min(timeout_s, remaining)
+
+    def ended(self, wake: Callable[[], None]) -> threading.Event:
+        """An Event set when the call ends, however it ends (cancelled, past
+        its deadline, answered), with `wake` called then so that the shard's
+        waits look at their call again. One per call; not thread-safe (a
+        call is served by one thread)."""
+        if self._ended is None:
+            ended = self._ended = threading.Event()
+
+            def on_end():
+                ended.set()
+                wake()
+
+            if not self._context.add_callback(on_end):  # over already
+                ended.set()
+        return self._ended
 
 
 class _Malformed:
@@ -43,54 +93,57 @@ class Guard(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        peer = None
+        principal = None
         if self._auth is not None:
             principal = self._auth.principal(handler_call_details.invocation_metadata)
             if principal is None:
-                return _refusal(
-                    handler, grpc.StatusCode.UNAUTHENTICATED,
+                return _refusal(handler, NotAuthenticated(
                     "no valid credentials: send the job's token as 'authorization: Bearer "
-                    "<token>' (the run directory's token file names where it is)",
-                )
-            peer = principal.name
-        return _guarded(handler, self.slots, peer)
+                    "<token>' (the run directory's token file names where it is)"))
+        return _guarded(handler, self.slots, principal)
 
 
-def _refusal(handler, code: grpc.StatusCode, details: str):
-    """A handler of `handler`'s shape that reads nothing and ends the call."""
+def _refusal(handler, err: NotAuthenticated):
+    """A handler of `handler`'s shape that reads nothing and ends the call with `err`."""
 
     def refuse(request, context):
-        context.abort(code, details)
+        abort(context, err)
 
     def refuse_stream(request, context):
-        context.abort(code, details)
+        abort(context, err)
         yield  # a generator, as a streaming reply's behavior must be
 
     return _shaped(handler, refuse, refuse_stream, request_deserializer=None)
 
 
-def _guarded(handler, slots: CallSlots, peer: str | None):
-    """`handler` with its behavior run inside a call slot and its requests
-    parsed safely."""
+def _guarded(handler, slots: CallSlots, principal: Principal | None):
+    """`handler` with its behavior run inside a call slot, given a Call for
+    its context, its requests parsed safely and its TowerpsErrors answered
+    with their status codes."""
     behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary \
         or handler.stream_stream
     requests = _checked_stream if handler.request_streaming else _checked_request
 
     def run(request, context):
         try:
-            with slots.admit(peer or _host(context.peer())):
-                return behavior(requests(request, context), context)
-        except Overloaded as err:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            with slots.admit(_peer(principal, context)):
+                return behavior(requests(request), Call(context, principal))
+        except ANSWERED as err:
+            abort(context, err)
 
     def run_stream(request, context):
         try:
-            with slots.admit(peer or _host(context.peer())):
-                yield from behavior(requests(request, context), context)
-        except Overloaded as err:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            with slots.admit(_peer(principal, context)):
+                yield from behavior(requests(request), Call(context, principal))
+        except ANSWERED as err:
+            abort(context, err)
 
     return _shaped(handler, run, run_stream, _safe(handler.request_deserializer))
+
+
+def _peer(principal: Principal | None, context) -> str:
+    """Whose cap a call counts against: its principal's, or its host's."""
+    return principal.name if principal is not None else _host(context.peer())
 
 
 def _shaped(handler, unary_reply, stream_reply, request_deserializer):
@@ -121,15 +174,15 @@ def _safe(deserializer):
     return parse
 
 
-def _checked_request(request, context):
+def _checked_request(request):
     if isinstance(request, _Malformed):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}")
+        raise BadRequest(f"malformed request: {request.reason}")
     return request
 
 
-def _checked_stream(requests, context):
+def _checked_stream(requests):
     for request in requests:
-        yield _checked_request(request, context)
+        yield _checked_request(request)
 
 
 def _host(peer: str) -> str:

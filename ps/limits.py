@@ -14,7 +14,8 @@ one of `max_calls` slots on its shard and one of `max_calls_per_peer` slots
 of its peer (an authenticated principal, or the caller's host), so no peer
 can take the server's threads; a stream whose peer moves no bytes for
 `idle_stream_s` is cancelled by the watch, which frees its thread. Plain
-Python: the servicer passes gRPC's `context.cancel` in.
+Python: the servicer passes gRPC's `context.cancel` in. The caps are stage
+2 of a call's checks, a pull's wait stage 5 (ps/pipeline.py has them all).
 """
 
 from __future__ import annotations

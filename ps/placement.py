@@ -55,9 +55,6 @@ class PlacementPlan:
             load[s.shard] += s.nbytes
         return load
 
-    def names_on(self, shard: int) -> list[str]:
-        return [s.name for s in self.slices if s.shard == shard]
-
     def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """Cut whole-variable tensors into each shard's slices (views, no copies)."""
         missing = sorted({s.variable for s in self.slices} - set(tensors))

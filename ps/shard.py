@@ -355,16 +355,11 @@ class Shard:
         with self._lock:
             return self._last_step[worker_rank], self._clocks[worker_rank]
 
-    def may_proceed(self, worker_rank: int) -> bool:
-        """Whether `worker_rank` may start its next step now (the ssp gate).
-
-        True in sync and async, at the end of the run and once closed; in ssp
-        when no worker's clock is below this worker's clock minus s.
-        """
-        with self._lock:
-            return self._gate_open(worker_rank)
-
     def _gate_open(self, worker_rank: int) -> bool:
+        """Whether `worker_rank` may start its next step now (the ssp gate):
+        always in sync and async, at the end of the run and once closed; in
+        ssp when no worker's clock is below this worker's clock minus s.
+        Caller holds the lock."""
         bound = self.mode.clock_bound
         if bound is None or self._closed or self._version >= self._end:
             return True

@@ -1,8 +1,11 @@
-"""The worker's side of the wire: one client for all PS shards.
+"""The worker's side of the wire: one client for all PS shards, the KVWorker
+of ps/transport.py's map.
 
     client = PSClient(["10.0.0.1:4711", "10.0.0.2:4711"], plan)
     version, params = client.pull(min_version=step, timeout_s=60)
-    client.push(worker_rank, step, grads, num_examples, loss)
+    outcomes = client.push(worker_rank, step, grads, num_examples, loss)
+    outcomes, version, params = client.push_pull(worker_rank, step, grads, num_examples,
+                                                 loss, timeout_s=60)
 
 `plan` (a PlacementPlan) says which shard holds which variable or rows of
 it; the client cuts gradients into slices and joins pulled slices back into
@@ -10,25 +13,27 @@ whole variables, so callers only ever see whole variables.
 
 Every call fans out to all shards at once (one thread per shard; a lone
 shard is called on the caller's thread), so one slow shard does not
-serialise the others. Transient failures are retried
-with exponential backoff up to `max_attempts`: UNAVAILABLE (a shard
-restarting or not yet listening) for every call, DEADLINE_EXCEEDED for
-pushes. A repeated push is safe: it names (worker_rank, step) and carries
-its attempt number, and shards apply each (worker_rank, step) once.
-Anything else surfaces as a towerps error. Thread-safe.
+serialise the others. Each shard's part goes through that shard's carrier
+and comes back as one ShardReply, whichever carrier it was: chunks in
+the call's own messages (workers/chunks.py) for any shard, or, with
+`same_node` (workers/same_node.py), shared-memory segments for the shards
+on the worker's node, which the client creates and removes on `close`
+(their calls carry only a header each way, so they are unary: SharedPush,
+SharedPull, SharedPushPull). Pushes as another rank than `same_node.rank`
+(tests) and skip reports (no tensors) go in chunks.
+
+Transient failures are retried with exponential backoff up to
+`max_attempts`: UNAVAILABLE (a shard restarting or not yet listening) for
+every call, DEADLINE_EXCEEDED for pushes. A repeated push is safe: it
+names (worker_rank, step), and shards apply each (worker_rank, step) once.
+Anything else surfaces as the towerps error of its status code
+(ps/transport.py's `error_of`). Thread-safe.
 
 Credentials (towerps/auth.py): every call carries their token (a worker's
 own rank token, or the job secret for the driver) as `authorization:
 Bearer` metadata, and with their TLS material the channels are mutual TLS
 with the job's CA; None: neither (shards bound to loopback, in tests).
 A shard that refuses them surfaces as AccessDenied.
-
-With `same_node` (workers/same_node.py), the tensors of the shards on the
-worker's node go through shared-memory segments the client creates and
-removes on `close`; the call, its checks and its answer are unchanged,
-but with only a header to carry each way it is unary (SharedPush,
-SharedPull, SharedPushPull), which costs gRPC Python a fraction of a stream.
-Pushes as another rank than `same_node.rank` (tests) use chunks.
 
 Sync mode's one round trip per step: `push_pull` pushes and gets the next
 version's parameters in the same call per shard (PushPull), instead of a
@@ -47,31 +52,41 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
+from typing import NamedTuple
 
 import grpc
 import grpc.experimental
 import numpy as np
 
 from towerps.auth import Credentials, bearer
-from towerps.codec import parse_part, push_stream, read_pull, read_pull_header
-from towerps.errors import (
-    AccessDenied, BadTensor, ConfigError, Overloaded, PullTimeout, ShardUnavailable, StepMismatch,
-)
+from towerps.errors import ConfigError, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
 from towerps.ps.shard import PushOutcome
 from towerps.ps.stats import COUNTERS_ONLY
+from towerps.ps.transport import Carrier, ShardReply, error_of
 from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, widened, wire_code
-from towerps.workers.same_node import PairSegments, SameNode
+from towerps.workers.chunks import ChunkCarrier
+from towerps.workers.same_node import PairSegments, SameNode, SegmentCarrier
 
 logger = logging.getLogger(__name__)
 _RETRY_ALWAYS = (grpc.StatusCode.UNAVAILABLE,)
 _RETRY_PUSH = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_OUTCOMES = {pb.PushReply.Outcome.Value(o.name): o for o in PushOutcome}  # same names
 PUSH_PULL = ("combined", "separate")  # --push-pull: PushPull per step, or Push then Pull
-_SERVICE = f"/{pb.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/"
+# A call that waits for a version gets this much longer than its timeout_s:
+# the shard answers DEADLINE_EXCEEDED itself, with its reason, before gRPC does.
+_ANSWER_MARGIN_S = 10.0
+
+
+class PushPullResult(NamedTuple):
+    """`push_pull`'s answer: what each shard did with the push, by index,
+    and the pull's lowest version and whole float32 variables."""
+
+    outcomes: list[PushOutcome]
+    version: int
+    params: dict[str, np.ndarray]
 
 
 class PSClient:
@@ -114,36 +129,8 @@ class PSClient:
                 for a in addresses
             ]
         self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
-        # Push and Pull through src/towerps/codec.py: a pushed message is already
-        # bytes (no serializer), a pulled one is parsed without copying.
-        self._push_calls = [
-            c.stream_unary(_SERVICE + "Push", response_deserializer=pb.PushReply.FromString)
-            for c in self._channels
-        ]
-        self._pull_calls = [
-            c.unary_stream(_SERVICE + "Pull", request_serializer=pb.PullRequest.SerializeToString,
-                           response_deserializer=parse_part)
-            for c in self._channels
-        ]
-        self._push_pull_calls = [
-            c.stream_stream(_SERVICE + "PushPull", response_deserializer=parse_part)
-            for c in self._channels
-        ]
-        # Same node, only a header each way: unary calls, a fraction of a stream's CPU.
-        self._shared_push_calls = [
-            c.unary_unary(_SERVICE + "SharedPush", response_deserializer=pb.PushReply.FromString)
-            for c in self._channels
-        ]
-        self._shared_pull_calls = [
-            c.unary_unary(_SERVICE + "SharedPull",
-                          request_serializer=pb.PullRequest.SerializeToString,
-                          response_deserializer=parse_part)
-            for c in self._channels
-        ]
-        self._shared_push_pull_calls = [
-            c.unary_unary(_SERVICE + "SharedPushPull", response_deserializer=parse_part)
-            for c in self._channels
-        ]
+        self._chunks = [ChunkCarrier(c, self._metadata, self.wire_dtype, self._where(k))
+                        for k, c in enumerate(self._channels)]
         self._pool = futures.ThreadPoolExecutor(
             max_workers=len(addresses), thread_name_prefix="ps-client"
         )
@@ -154,25 +141,31 @@ class PSClient:
         self.bytes_sent = 0  # tensor payload bytes pushed (a retry is not counted again)
         self.bytes_received = 0  # tensor payload bytes pulled
 
-    def _open_segments(self, same_node: SameNode | None) -> dict[int, PairSegments]:
-        """Shared-memory segments with the shards on this worker's node, by index."""
+    def _where(self, k: int) -> str:
+        return f"shard {k} at {self.addresses[k]}"
+
+    def _open_segments(self, same_node: SameNode | None) -> dict[int, SegmentCarrier]:
+        """Segment carriers to the shards on this worker's node, by index."""
         if same_node is None:
             return {}
         same_node.sweep_dead()  # a killed predecessor's files
         load = self.plan.shard_bytes()
-        segments: dict[int, PairSegments] = {}
+        segments: dict[int, SegmentCarrier] = {}
         try:
             for k in same_node.shards:
                 try:
-                    segments[k] = PairSegments(same_node.prefix, same_node.rank, k, load[k])
+                    pair = PairSegments(same_node.prefix, same_node.rank, k, load[k])
                 except OSError as err:
                     if err.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
                         raise
                     logger.warning("no room in /dev/shm for %d bytes of segments with shard "
                                    "%d (%s): its tensors go over gRPC", 2 * load[k], k, err)
+                    continue
+                segments[k] = SegmentCarrier(self._channels[k], self._metadata,
+                                             self.wire_dtype, pair, self._where(k))
         except BaseException:
-            for pair in segments.values():
-                pair.close()
+            for carrier in segments.values():
+                carrier.close()
             raise
         return segments
 
@@ -184,6 +177,17 @@ class PSClient:
     def num_shards(self) -> int:
         return len(self.addresses)
 
+    def _carrier(self, k: int, worker_rank: int | None = None, skip_step: bool = False) -> Carrier:
+        """What carries a call to shard k: its segments when it is on this
+        worker's node, else chunks. A push as another rank than the
+        segments' (a test's) or a skip report (no tensors) goes in chunks:
+        the shard takes a segment only from its rank, and only with tensors."""
+        segments = self._segments.get(k)
+        if segments is None or skip_step or (
+                worker_rank is not None and worker_rank != self._same_node.rank):
+            return self._chunks[k]
+        return segments
+
     def pull(self, min_version: int, timeout_s: float) -> tuple[int, dict[str, np.ndarray]]:
         """Block until every shard holds version >= min_version; return the whole
         float32 variables and the lowest shard version (in sync mode all are equal)."""
@@ -191,35 +195,12 @@ class PSClient:
             min_version=min_version, timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype)
         )
 
-        def pull_one(k: int):
-            pair = self._segments.get(k)
-
-            def call(attempt: int):
-                # The RPC deadline leaves the shard time to answer DEADLINE_EXCEEDED itself.
-                if pair is None:
-                    return read_pull(self._pull_calls[k](
-                        request, timeout=timeout_s + 10.0, metadata=self._metadata))
-                with pair.pull_lock:
-                    shared_request = pb.PullRequest()
-                    shared_request.CopyFrom(request)
-                    shared_request.segment = str(pair.pull_name)
-                    header, _ = read_pull_header([self._shared_pull_calls[k](
-                        shared_request, timeout=timeout_s + 10.0, metadata=self._metadata)])
-                    return header.version, pair.read_pull(header.shared)
-
-            return self._call(k, call, _RETRY_ALWAYS)
+        def pull_one(k: int) -> ShardReply:
+            carrier = self._carrier(k)
+            return self._call(k, lambda: carrier.pull(request, timeout_s + _ANSWER_MARGIN_S),
+                              _RETRY_ALWAYS)
 
         return self._joined(self._fan_out(pull_one))
-
-    def _joined(self, results) -> tuple[int, dict[str, np.ndarray]]:
-        """Each shard's (version, slices) -> (the lowest version, whole float32 variables)."""
-        slices: dict[str, np.ndarray] = {}
-        for _, tensors in results:
-            slices.update(tensors)
-        self._count(received=sum(a.nbytes for a in slices.values()))
-        params = {name: widened(array, np.float32)
-                  for name, array in self.plan.join(slices).items()}
-        return min(v for v, _ in results), params
 
     def push(
         self,
@@ -233,17 +214,15 @@ class PSClient:
         """Send each shard its slices of `grads`; returns each shard's PushOutcome
         (BUFFERED, APPLIED, DUPLICATE, ...), by shard index. `shards`: only
         these (a test's partial push, workers/faults.py); None: every shard."""
-        per_shard = self.plan.split(grads)
-        itemsize = self.wire_dtype.itemsize
-        payload = sum(a.size for a in grads.values()) * itemsize
-        outcomes = self._push_all(worker_rank, step, per_shard, num_examples, loss, False, shards)
-        self._count(sent=payload)
-        return outcomes
+        replies = self._push_all(worker_rank, step, self.plan.split(grads), num_examples, loss,
+                                 shards=shards)
+        self._count(sent=self._payload(grads))
+        return [reply.outcome for reply in replies]
 
     def push_pull(
         self, worker_rank: int, step: int, grads: Mapping[str, np.ndarray], num_examples: int,
         loss: float, timeout_s: float,
-    ) -> tuple[list[PushOutcome], int, dict[str, np.ndarray]]:
+    ) -> PushPullResult:
         """`push`, and in the same call per shard (PushPull) `pull` of the
         first version after `step`: (outcomes, version, parameters) as those
         two return them. Blocks until every shard applied the step (or the
@@ -251,94 +230,61 @@ class PSClient:
         (then PullTimeout, not retried: as `pull`). A retry after a lost
         answer (UNAVAILABLE) is exactly-once as `push`'s and gets the
         parameters all the same."""
-        per_shard = self.plan.split(grads)
         request = pb.PullRequest(timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype))
-        results = self._push_all(worker_rank, step, per_shard, num_examples, loss, False,
+        replies = self._push_all(worker_rank, step, self.plan.split(grads), num_examples, loss,
                                  pull=request)
-        self._count(sent=sum(a.size for a in grads.values()) * self.wire_dtype.itemsize)
-        version, params = self._joined([(v, tensors) for _, v, tensors in results])
-        return [outcome for outcome, _, _ in results], version, params
+        self._count(sent=self._payload(grads))
+        version, params = self._joined(replies)
+        return PushPullResult([reply.outcome for reply in replies], version, params)
 
-    def skip(self, worker_rank: int, step: int) -> list[str]:
+    def skip(self, worker_rank: int, step: int) -> list[PushOutcome]:
         """Tell every shard that this worker's gradient of `step` was not
         finite (--nonfinite skip-step): the step applies nothing. Outcomes as `push`."""
         empty = [{} for _ in range(self.num_shards)]
-        return self._push_all(worker_rank, step, empty, 0, 0.0, True)
+        replies = self._push_all(worker_rank, step, empty, 0, 0.0, skip_step=True)
+        return [reply.outcome for reply in replies]
 
-    def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step,
-                  shards: Sequence[int] | None = None, pull: pb.PullRequest | None = None):
-        """Each shard's PushOutcome; with `pull` (PushPull), each shard's
-        (outcome, version, slices) instead."""
+    def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step=False,
+                  shards: Sequence[int] | None = None,
+                  pull: pb.PullRequest | None = None) -> list[ShardReply]:
+        """Each shard's reply to its part of one push (with `pull`: PushPull),
+        by index (`shards`: only those, in that order)."""
+        if pull is None:
+            timeout_s, retry_on = self.rpc_timeout_s, _RETRY_PUSH
+        else:  # it may wait for the step; past its deadline it waited, as a pull: not retried
+            timeout_s = max(self.rpc_timeout_s, pull.timeout_s + _ANSWER_MARGIN_S)
+            retry_on = _RETRY_ALWAYS
 
-        def push_one(k: int):
-            pair = self._segments.get(k)
-            if skip_step or worker_rank != self._same_node_rank:
-                pair = None  # no tensors, or a test pushing as another rank: chunks
+        def push_one(k: int) -> ShardReply:
+            carrier = self._carrier(k, worker_rank, skip_step)
 
-            def call(attempt: int):
+            def call() -> ShardReply:
+                # A new header for every attempt: a carrier fills in where its tensors are.
                 header = pb.PushHeader(
-                    worker_rank=worker_rank,
-                    step=step,
-                    attempt=attempt,
-                    num_examples=num_examples,
-                    loss=loss,
-                    num_tensors=len(per_shard[k]),
-                    skip_step=skip_step,
+                    worker_rank=worker_rank, step=step, num_examples=num_examples, loss=loss,
+                    num_tensors=len(per_shard[k]), skip_step=skip_step,
                 )
-                if pull is not None:
-                    header.pull.CopyFrom(pull)
-                if pair is None:
-                    messages = push_stream(header, per_shard[k], self.wire_dtype)
-                    if pull is None:
-                        return self._push_call(k, messages)
-                    outcome, reply, tensors = self._push_call(k, messages, header.pull)
-                    return outcome, reply.version, tensors
-                # The same bytes for every attempt: a retry names the same step.
-                with pair.push_lock, pair.pull_lock:
-                    header.num_tensors = 0
-                    header.segment = str(pair.push_name)
-                    header.shared.extend(pair.write_push(per_shard[k], self.wire_dtype))
-                    if pull is not None:
-                        header.pull.segment = str(pair.pull_name)
-                    request = pb.PushRequest(header=header).SerializeToString()
-                    if pull is None:
-                        return self._push_call(k, request, shared=True)
-                    outcome, reply, _ = self._push_call(k, request, header.pull, shared=True)
-                    return outcome, reply.version, pair.read_pull(reply.shared)
+                return carrier.push(header, per_shard[k], pull, timeout_s)
 
-            # A PushPull past its deadline waited for the step, as a pull does: not retried.
-            return self._call(k, call, _RETRY_PUSH if pull is None else _RETRY_ALWAYS)
+            return self._call(k, call, retry_on)
 
         if shards is not None:
             return [push_one(k) for k in shards]
         return self._fan_out(push_one)
 
-    @property
-    def _same_node_rank(self) -> int | None:
-        return self._same_node.rank if self._same_node else None
+    def _joined(self, replies: Sequence[ShardReply]) -> tuple[int, dict[str, np.ndarray]]:
+        """Each shard's pulled slices -> (the lowest version, whole float32 variables)."""
+        slices: dict[str, np.ndarray] = {}
+        for reply in replies:
+            slices.update(reply.tensors)
+        self._count(received=sum(a.nbytes for a in slices.values()))
+        params = {name: widened(array, np.float32)
+                  for name, array in self.plan.join(slices).items()}
+        return min(reply.version for reply in replies), params
 
-    def _push_call(self, k: int, messages, pull: pb.PullRequest | None = None,
-                   shared: bool = False):
-        """Push: the outcome. PushPull (`pull` set): (outcome, PullHeader,
-        tensors that came in chunks); the call may wait `pull.timeout_s` for
-        the step, and its deadline leaves the shard time to answer
-        DEADLINE_EXCEEDED itself. `shared`: `messages` is the one PushRequest
-        of a push whose tensors are in segments, sent as SharedPush(Pull)."""
-        if pull is None:
-            calls = self._shared_push_calls if shared else self._push_calls
-            reply = calls[k](messages, timeout=self.rpc_timeout_s, metadata=self._metadata)
-            return _OUTCOMES[reply.outcome]
-        timeout_s = max(self.rpc_timeout_s, pull.timeout_s + 10.0)
-        if shared:
-            replies = [self._shared_push_pull_calls[k](
-                messages, timeout=timeout_s, metadata=self._metadata)]
-        else:
-            replies = self._push_pull_calls[k](messages, timeout=timeout_s, metadata=self._metadata)
-        header, tensors = read_pull_header(replies)
-        if not header.HasField("push"):
-            raise BadTensor(f"shard {k} at {self.addresses[k]} answered a PushPull "
-                            "without the push's outcome")
-        return _OUTCOMES[header.push.outcome], header, tensors
+    def _payload(self, grads: Mapping[str, np.ndarray]) -> int:
+        """Tensor bytes a push of `grads` sends, in the wire dtype."""
+        return sum(a.size for a in grads.values()) * self.wire_dtype.itemsize
 
     def status(self, since_version: int = 0,
                logs_of: tuple[int, ...] | None = None) -> list[pb.StatusReply]:
@@ -351,9 +297,7 @@ class PSClient:
         def ask(k: int):
             request = with_log if logs_of is None or k in logs_of else counters
             return self._call(
-                k,
-                lambda attempt: self._stubs[k].Status(
-                    request, timeout=30.0, metadata=self._metadata),
+                k, lambda: self._stubs[k].Status(request, timeout=30.0, metadata=self._metadata),
                 _RETRY_ALWAYS,
             )
 
@@ -371,16 +315,16 @@ class PSClient:
         return [f.result() for f in pending]
 
     def _closed_error(self, k: int) -> ShardUnavailable:
-        return ShardUnavailable(f"the client of shard {k} at {self.addresses[k]} was closed "
+        return ShardUnavailable(f"the client of {self._where(k)} was closed "
                                 "while a call was under way (its worker was redirected)")
 
-    def _call(self, k: int, call: Callable[[int], object], retry_on: tuple):
-        """Run one RPC against shard k: call(attempt), retrying codes in `retry_on`."""
+    def _call(self, k: int, call: Callable[[], object], retry_on: tuple):
+        """Run one RPC against shard k, retrying the codes in `retry_on`."""
         for attempt in range(self.max_attempts):
             if self._closed:
                 raise self._closed_error(k)
             try:
-                return call(attempt)
+                return call()
             except ValueError:  # grpc's "Cannot invoke RPC on closed channel!"
                 if self._closed:
                     raise self._closed_error(k) from None
@@ -389,7 +333,7 @@ class PSClient:
                 if err.code() in retry_on and attempt + 1 < self.max_attempts:
                     time.sleep(self.backoff_s * 2**attempt)
                     continue
-                raise _as_towerps_error(k, self.addresses[k], err) from None
+                raise error_of(err, self._where(k)) from None
         raise AssertionError("unreachable")
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
@@ -399,40 +343,17 @@ class PSClient:
 
     def close(self) -> None:
         """Close the channels, which cancels the calls in flight (they raise
-        ShardUnavailable in their callers), then the fan-out threads. Safe
-        from another thread than the one calling (a redirect)."""
+        ShardUnavailable in their callers), then the fan-out threads and the
+        segments. Safe from another thread than the one calling (a redirect)."""
         self._closed = True
         for channel in self._channels:
             channel.close()
         self._pool.shutdown(wait=True)
-        for pair in self._segments.values():
-            with pair.push_lock, pair.pull_lock:  # no call of ours still reads or writes it
-                pair.close()
+        for carrier in self._segments.values():
+            carrier.close()
 
     def __enter__(self) -> PSClient:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _as_towerps_error(k: int, address: str, err: grpc.RpcError) -> Exception:
-    code, details = err.code(), err.details()
-    where = f"shard {k} at {address}"
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return BadTensor(f"{where} refused the tensors: {details}")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return StepMismatch(f"{where}: {details}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return PullTimeout(f"{where} did not answer in time: {details}")
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return AccessDenied(
-            f"{where} refused this client's credentials ({code.name}): {details}; "
-            "is it a shard of this job, with this job's token and TLS files?"
-        )
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return Overloaded(f"{where} is at its call caps: {details}")
-    return ShardUnavailable(
-        f"{where} failed with {code.name}: {details} "
-        "(is the shard's process alive and its address reachable from this node?)"
-    )

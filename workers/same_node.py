@@ -1,10 +1,13 @@
-"""A worker's end of the same-node transport (src/towerps/shm.py).
+"""The segment carrier, a worker's end: tensors through shared-memory
+segments with the shards on its node (src/towerps/shm.py; ps/same_node.py
+is the other end, ps/transport.py has the transport's map).
 
     same_node = SameNode(prefix, rank=0, shards=(0, 1))   # the shards on this worker's node
     pair = PairSegments(prefix, rank=0, shard=1, nbytes=plan.shard_bytes()[1])
-    name, shared = pair.write_push(grads, wire_dtype)     # then Push(header: segment, shared)
-    params = pair.read_pull(pull_header.shared)          # after Pull(segment=pair.pull_name)
-    pair.close()                                         # closes and removes both files
+    segments = SegmentCarrier(channel, metadata, wire_dtype, pair, "shard 1 at ...")
+    reply = segments.push(header, grads, pull, timeout_s)  # SharedPush(Pull): the header only
+    reply = segments.pull(request, timeout_s)               # SharedPull
+    segments.close()                                        # closes and removes both files
 
 The worker owns its segments: it creates two files per shard on its node
 (it writes pushes into one, the shard writes pulls into the other), sized
@@ -15,7 +18,12 @@ files of its rank whose creator is dead when it starts, and the driver and
 the shards remove every file of the run at its end.
 
 Each segment carries one call at a time (a lock per direction): a worker's
-push and pull to one shard come one after the other anyway.
+push and pull to one shard come one after the other anyway. With the
+tensors in segments, the call carries only its header each way, so it is
+unary (SharedPush, SharedPull, SharedPushPull), which costs gRPC Python a
+fraction of a stream: a push is written into the file with one `pwritev`
+from the arrays (cast to the wire dtype on the way, else no copy), a pull
+copied out of it with one `preadv` per tensor into aligned arrays.
 """
 
 from __future__ import annotations
@@ -26,9 +34,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
+from towerps.codec import parse_part, read_pull_header
 from towerps.proto import towerps_pb2 as pb
+from towerps.ps.transport import METHOD, ShardReply, push_outcome, pushed_outcome
 from towerps.shm import SegmentName, read_tensors, sweep, write_tensors
 
 _SERIALS = itertools.count()  # segments this process created: names never repeat
@@ -102,3 +113,61 @@ class PairSegments:
                 os.unlink(name.path)
             except FileNotFoundError:
                 pass
+
+
+class SegmentCarrier:
+    """Calls to one shard on this worker's node, their tensors in `pair`'s
+    segments (the carrier owns the pair: `close` removes its files).
+    Thread-safe: each segment carries one call at a time."""
+
+    def __init__(self, channel: grpc.Channel, metadata, wire_dtype: np.dtype,
+                 pair: PairSegments, where: str):
+        self.pair = pair
+        self._metadata = metadata
+        self._wire_dtype = wire_dtype
+        self._where = where
+        self._push = channel.unary_unary(
+            METHOD + "SharedPush", response_deserializer=pb.PushReply.FromString)
+        self._pull = channel.unary_unary(
+            METHOD + "SharedPull", request_serializer=pb.PullRequest.SerializeToString,
+            response_deserializer=parse_part)
+        self._push_pull = channel.unary_unary(
+            METHOD + "SharedPushPull", response_deserializer=parse_part)
+
+    def push(self, header: pb.PushHeader, tensors: Mapping[str, np.ndarray],
+             pull: pb.PullRequest | None, timeout_s: float) -> ShardReply:
+        """SharedPush (`pull` None) or SharedPushPull: the tensors written
+        into the push segment and described in the header, the pulled ones
+        read out of the pull segment."""
+        pair = self.pair
+        with pair.push_lock, pair.pull_lock:
+            header.num_tensors = 0
+            header.segment = str(pair.push_name)
+            header.shared.extend(pair.write_push(tensors, self._wire_dtype))
+            if pull is None:
+                request = pb.PushRequest(header=header).SerializeToString()
+                reply = self._push(request, timeout=timeout_s, metadata=self._metadata)
+                return ShardReply(reply.version, push_outcome(reply))
+            header.pull.CopyFrom(pull)
+            header.pull.segment = str(pair.pull_name)
+            request = pb.PushRequest(header=header).SerializeToString()
+            answer, _ = read_pull_header(
+                [self._push_pull(request, timeout=timeout_s, metadata=self._metadata)])
+            outcome = pushed_outcome(answer, self._where)
+            return ShardReply(answer.version, outcome, pair.read_pull(answer.shared))
+
+    def pull(self, request: pb.PullRequest, timeout_s: float) -> ShardReply:
+        """SharedPull: the version written into the pull segment, read out of it."""
+        pair = self.pair
+        with pair.pull_lock:
+            shared_request = pb.PullRequest()
+            shared_request.CopyFrom(request)
+            shared_request.segment = str(pair.pull_name)
+            answer, _ = read_pull_header(
+                [self._pull(shared_request, timeout=timeout_s, metadata=self._metadata)])
+            return ShardReply(answer.version, None, pair.read_pull(answer.shared))
+
+    def close(self) -> None:
+        """Remove the segments, once no call of ours reads or writes them."""
+        with self.pair.push_lock, self.pair.pull_lock:
+            self.pair.close()

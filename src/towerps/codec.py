@@ -5,6 +5,10 @@
     messages = list(pull_stream(version, params)) # may be kept and sent to many
     version, params = read_pull(parse_part(b) for b in messages)
 
+    parts = iter(parse_part(b) for b in received)  # a shard, whose header picks the carrier:
+    header = read_header(parts, "Push", len(expected))
+    grads = read_chunks(parts, "Push", header.num_tensors, expected)
+
 Tensor bytes are nearly all of every Push and Pull. The generated protobuf
 classes copy them four times on each side (into the message, out of it when
 serialising, and twice more when parsing and reading a `bytes` field); here a
@@ -28,6 +32,9 @@ a message with neither a header nor a chunk is malformed; and the reader's
 assembler refuses a chunk that is neither 4 KiB long nor the end of its
 tensor (towerps/wire.py), so a stream holds at most about one chunk per
 4 KiB of the tensors it must carry. The writer never exceeds these bounds.
+At a shard these are stages 3 (each message) and 4 (`read_header`) of a
+call's checks, and `read_chunks` the chunk carrier's stage 6: the order is
+ps/pipeline.py's.
 """
 
 from __future__ import annotations
@@ -280,38 +287,54 @@ def _parse_chunks(buf: bytes, view: memoryview, start: int, end: int) -> list[Ch
     return chunks
 
 
-# -- reading whole streams -------------------------------------------------
+# -- reading streams ---------------------------------------------------------
 
-def _read(parts: Iterable[Part], header_type, stream: str, expected=None, check_header=None):
-    it = iter(parts)
-    first = next(it, None)
+_HEADERS = {"Push": pb.PushHeader, "Pull": pb.PullHeader}
+
+
+def read_header(parts: Iterator[Part], stream: str, max_tensors: int | None = None):
+    """The header that starts a `stream` ("Push": a PushHeader, "Pull": a
+    PullHeader), taken from `parts`, which go on with its chunks.
+
+    `max_tensors` (a shard's count of tensors): the header may describe that
+    many (same-node `shared`), no more, and one larger than such a
+    description can be is refused by its size, before protobuf parses it:
+    a flood of tiny entries would cost before any check. Raises BadTensor.
+    """
+    header_type = _HEADERS[stream]
+    first = next(parts, None)
     if first is not None and first.error:
         raise BadTensor(f"a {stream} stream's first message is malformed: {first.error}")
     if first is None or first.header is None:
         raise BadTensor(f"a {stream} stream must start with a {header_type.__name__}")
-    # A header may describe the tensors it expects (same-node `shared`), no
-    # more: parsing a flood of tiny entries would cost before any check.
-    if expected is not None and len(first.header) > _header_limit(len(expected)):
+    if max_tensors is not None and len(first.header) > _header_limit(max_tensors):
         raise BadTensor(f"a {stream} stream's {header_type.__name__} of {len(first.header)} "
-                        f"bytes is over {_header_limit(len(expected))} for {len(expected)} tensors")
+                        f"bytes is over {_header_limit(max_tensors)} for {max_tensors} tensors")
     try:
         header = header_type.FromString(first.header)
     except DecodeError as err:
         raise BadTensor(f"a {stream} stream's {header_type.__name__} is malformed: {err}") from None
     if header.num_tensors < 0:
         raise BadTensor(f"a {stream} stream announced {header.num_tensors} tensors")
-    if check_header is not None:
-        check_header(header)
-    assembler = TensorAssembler(expected, max_tensors=header.num_tensors)
-    for part in it:
+    return header
+
+
+def read_chunks(parts: Iterator[Part], stream: str, num_tensors: int,
+                expected: Mapping[str, TensorSpec] | None = None) -> dict[str, np.ndarray]:
+    """The rest of a `stream` after its header: chunks of exactly `num_tensors`
+    tensors, each checked as it arrives (against `expected`, if given) and
+    copied once into the tensor's array (towerps/wire.py's TensorAssembler).
+    Raises BadTensor on any malformed part."""
+    assembler = TensorAssembler(expected, max_tensors=num_tensors)
+    for part in parts:
         if part.error:
             raise BadTensor(f"a {stream} stream carried a malformed message: {part.error}")
         if part.header is not None:
-            raise BadTensor(f"a {stream} stream carries one {header_type.__name__}, "
+            raise BadTensor(f"a {stream} stream carries one {_HEADERS[stream].__name__}, "
                             "then only chunks")
         for chunk in part.chunks:
             assembler.add(chunk)
-    return header, assembler.finish(header.num_tensors)
+    return assembler.finish(num_tensors)
 
 
 def _header_limit(num_tensors: int) -> int:
@@ -319,23 +342,26 @@ def _header_limit(num_tensors: int) -> int:
 
 
 def read_push(
-    parts: Iterable[Part], expected: Mapping[str, TensorSpec], check_header=None
+    parts: Iterable[Part], expected: Mapping[str, TensorSpec]
 ) -> tuple[pb.PushHeader, dict[str, np.ndarray]]:
-    """Decode a Push stream; raises BadTensor on any malformed part.
-
-    `check_header(header)`, if given, runs before any chunk is read (what it
-    raises propagates). A skip_step push carries no tensors.
-    """
-    return _read(parts, pb.PushHeader, "Push", expected, check_header)
+    """Decode a whole Push stream: (header, tensors in chunks); raises BadTensor
+    on any malformed part. A skip_step push carries no tensors, and a
+    same-node one describes them in its header instead (its `shared`)."""
+    parts = iter(parts)
+    header = read_header(parts, "Push", len(expected))
+    return header, read_chunks(parts, "Push", header.num_tensors, expected)
 
 
 def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:
     """Decode a Pull stream: (version, tensors); raises BadTensor when malformed."""
-    header, tensors = _read(parts, pb.PullHeader, "Pull")
+    header, tensors = read_pull_header(parts)
     return header.version, tensors
 
 
 def read_pull_header(parts: Iterable[Part]) -> tuple[pb.PullHeader, dict[str, np.ndarray]]:
     """Decode a Pull stream, header and all: a same-node pull's tensors are
-    described in the header's `shared` (src/towerps/shm.py), not in chunks."""
-    return _read(parts, pb.PullHeader, "Pull")
+    described in the header's `shared` (src/towerps/shm.py), not in chunks,
+    and a PushPull's header carries the push's PushReply."""
+    parts = iter(parts)
+    header = read_header(parts, "Pull")
+    return header, read_chunks(parts, "Pull", header.num_tensors)

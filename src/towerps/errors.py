@@ -46,6 +46,10 @@ class AccessDenied(TowerpsError, PermissionError):
     """A call carried no valid credentials, or credentials for another worker rank."""
 
 
+class NotAuthenticated(AccessDenied):
+    """A call carried no valid credentials at all (UNAUTHENTICATED)."""
+
+
 class Overloaded(TowerpsError):
     """A shard refused a call beyond its concurrency caps (RESOURCE_EXHAUSTED)."""
 

@@ -17,7 +17,8 @@ writer that changes the bytes afterwards changes nothing the reader took,
 and one that truncates the file causes a short read (refused), not the
 SIGBUS a mapping would raise. Offsets and lengths are hostile input:
 checked against the file's size and the tensor's dtype and shape before
-any byte is read.
+any byte is read (at a shard, the segment carrier's stage 6 of a call's
+checks: ps/pipeline.py).
 
 Files outlive a process killed with SIGKILL, so names carry the run's
 prefix and the creator's pid: the driver removes the run's files at the
@@ -39,7 +40,9 @@ import numpy as np
 
 from towerps.errors import BadRequest, BadTensor
 from towerps.proto import towerps_pb2 as pb
-from towerps.wire import WIRE_DTYPES, TensorSpec, aligned_empty, dtype_of, widened, wire_code
+from towerps.wire import (
+    TensorSpec, aligned_empty, check_expected, dtype_of, widened, wire_code,
+)
 
 SEGMENT_DIR = "/dev/shm"
 TRANSPORTS = ("shm", "grpc")  # --same-node-transport
@@ -135,12 +138,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def wire_bytes(specs: Mapping[str, TensorSpec] | Sequence[int]) -> int:
-    """Bytes a segment needs for these float32 tensors (any wire dtype fits)."""
-    values = specs.values() if isinstance(specs, Mapping) else specs
-    return sum(v.nbytes if isinstance(v, TensorSpec) else int(v) for v in values)
-
-
 def write_tensors(fd: int, tensors: Mapping[str, np.ndarray],
                   wire_dtype: np.dtype | None = None, size: int | None = None
                   ) -> list[pb.SharedTensor]:
@@ -211,14 +208,7 @@ def _checked_spec(entry: pb.SharedTensor, expected, size: int) -> TensorSpec:
                         f"needs at most {MAX_RANK} non-negative dimensions")
     spec = TensorSpec(dtype_of(entry.dtype), tuple(entry.shape))
     if expected is not None:
-        want = expected.get(name)
-        if want is None:
-            raise BadTensor(f"shared tensor {name!r} is not held here; expected one of "
-                            f"{sorted(expected)[:10]}")
-        compact = want.dtype == np.float32 and spec.dtype in WIRE_DTYPES.values()
-        if want.shape != spec.shape or not (want.dtype == spec.dtype or compact):
-            raise BadTensor(f"shared tensor {name!r}: got dtype {spec.dtype} shape {spec.shape}, "
-                            f"expected dtype {want.dtype} shape {want.shape}")
+        check_expected("shared tensor", name, spec, expected)
     if entry.length != spec.nbytes:
         raise BadTensor(f"shared tensor {name!r}: length {entry.length}, but dtype {spec.dtype} "
                         f"and shape {spec.shape} take {spec.nbytes} bytes")

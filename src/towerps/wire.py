@@ -12,7 +12,7 @@ that becomes the array, aligned as TensorFlow aligns its own tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import math
@@ -143,6 +143,23 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
+def check_expected(kind: str, name: str, spec: TensorSpec,
+                   expected: Mapping[str, TensorSpec]) -> None:
+    """Raise BadTensor unless a receiver holding `expected` takes tensor
+    `name` arriving as `spec`: a name it holds, of its shape and dtype (a
+    float32 one may arrive in a compact WIRE_DTYPES dtype, widened after).
+    What chunks and same-node segments alike are checked by, before any of
+    their bytes is copied; `kind` names the tensor in the message."""
+    want = expected.get(name)
+    if want is None:
+        raise BadTensor(f"{kind} {name!r} is not held here; expected one of "
+                        f"{sorted(expected)[:10]}")
+    compact = want.dtype == np.float32 and spec.dtype in WIRE_DTYPES.values()
+    if want.shape != spec.shape or not (want.dtype == spec.dtype or compact):
+        raise BadTensor(f"{kind} {name!r}: got dtype {spec.dtype} shape {spec.shape}, "
+                        f"expected dtype {want.dtype} shape {want.shape}")
+
+
 class TensorAssembler:
     """Rebuilds tensors from chunks, checking each chunk as it arrives.
 
@@ -152,7 +169,8 @@ class TensorAssembler:
     `finish`. A chunk after its tensor is complete or beyond its tensor's
     chunk budget (4 + nbytes // MIN_CHUNK_BYTES) is refused, and so is a
     tensor beyond `max_tensors`: the work done is bounded by the bytes the
-    tensors hold. Not thread-safe: one assembler per stream.
+    tensors hold. At a shard, the chunk carrier's stage 6 of a call's checks
+    (ps/pipeline.py). Not thread-safe: one assembler per stream.
     """
 
     def __init__(
@@ -213,18 +231,7 @@ class TensorAssembler:
             raise BadTensor(f"tensor {name!r}: negative dimension in shape {list(chunk.shape)}")
         spec = TensorSpec(_FROM_WIRE[chunk.dtype], tuple(chunk.shape))
         if self._expected is not None:
-            want = self._expected.get(name)
-            if want is None:
-                raise BadTensor(
-                    f"tensor {name!r} is not held here; expected one of "
-                    f"{sorted(self._expected)}"
-                )
-            compact = want.dtype == np.float32 and spec.dtype in WIRE_DTYPES.values()
-            if want.shape != spec.shape or not (want.dtype == spec.dtype or compact):
-                raise BadTensor(
-                    f"tensor {name!r}: got dtype {spec.dtype} shape {spec.shape}, "
-                    f"expected dtype {want.dtype} shape {want.shape}"
-                )
+            check_expected("tensor", name, spec, self._expected)
         self._specs[name] = spec
         # Not bytearray: no zero-fill of bytes about to be overwritten.
         self._buffers[name] = aligned_empty(spec.nbytes)
@@ -249,17 +256,6 @@ class TensorAssembler:
             want = self._expected[name].dtype if self._expected is not None else spec.dtype
             out[name] = widened(array, want)
         return out
-
-
-def decode_tensors(
-    chunks: Iterable[pb.TensorChunk],
-    expected: Mapping[str, TensorSpec] | None = None,
-    num_tensors: int | None = None,
-) -> dict[str, np.ndarray]:
-    assembler = TensorAssembler(expected)
-    for chunk in chunks:
-        assembler.add(chunk)
-    return assembler.finish(num_tensors)
 
 
 def pull_wire_dtype(code: int) -> np.dtype | None:

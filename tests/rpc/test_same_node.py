@@ -296,7 +296,7 @@ def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster, m
     secret = new_job_secret()
     clients, _, prefix = cluster("shm", num_shards=1, num_workers=2, secret=secret)
     channel = grpc.insecure_channel(clients[0].addresses[0])
-    segment = str(clients[0]._segments[0].pull_name)  # worker 0's
+    segment = str(clients[0]._segments[0].pair.pull_name)  # worker 0's
     pull = raw_pull(channel, method)
     request = pb.PullRequest(min_version=0, timeout_s=5, segment=segment)
     # Refused before the wait for a version that never comes (else DEADLINE_EXCEEDED).
@@ -317,7 +317,7 @@ def test_the_unary_same_node_calls_refuse_a_request_without_segments(cluster):
     segment there is nothing to read or write, and nothing changes."""
     clients, shards, _ = cluster("shm", num_shards=1, num_workers=1)
     channel = grpc.insecure_channel(clients[0].addresses[0])
-    pair = clients[0]._segments[0]
+    pair = clients[0]._segments[0].pair
     before = params_of(shards)
     with pytest.raises(grpc.RpcError) as info:
         raw_pull(channel, "SharedPull")(pb.PullRequest(min_version=0, timeout_s=5))

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from towerps.errors import PullTimeout
 from towerps.ps import Mode, Shard, create_server, make_optimizer, plan_placement
 from towerps.workers import PSClient, Tower, Worker, WorkerSpec, build_model, load_dataset
 
@@ -135,7 +136,8 @@ def test_ssp_0_holds_the_fast_worker_at_the_gate_until_the_slow_one_pushes(clust
     at_gate(workers[0], 0), at_gate(workers[1], 0)  # both hold version 0
     go0.set()
     assert shard.pull(1, TIMEOUT_S)[0] == 1  # worker 0 pushed once...
-    assert not shard.may_proceed(0)  # ...and may not start again: worker 1 is at clock 0
+    with pytest.raises(PullTimeout):  # ...and may not start again: worker 1 is at clock 0
+        shard.wait_turn(0, timeout_s=0.0)
     go1.set()
     reports = join()
     _, stats = shard.stats()

@@ -25,7 +25,7 @@ def _tensors():
 
 def test_generated_classes_read_what_the_codec_writes():
     tensors = _tensors()
-    header = pb.PushHeader(worker_rank=3, step=41, attempt=1, num_examples=128, loss=2.5,
+    header = pb.PushHeader(worker_rank=3, step=41, num_examples=128, loss=2.5,
                            num_tensors=len(tensors))
     messages = [pb.PushRequest.FromString(m) for m in push_stream(header, tensors)]
     assert messages[0].header == header
@@ -187,3 +187,14 @@ def test_a_header_describing_more_than_its_tensors_is_refused_before_it_is_parse
     fits = pb.PushHeader(worker_rank=0, segment="s" * 100, shared=[pb.SharedTensor(name="w")])
     header, tensors = read_push([parse_part(pb.PushRequest(header=fits).SerializeToString())], spec)
     assert header.shared[0].name == "w" and tensors == {}
+
+
+def test_a_header_from_a_peer_that_still_sends_attempt_is_read_without_it():
+    """PushHeader's field 3 (`attempt`) is reserved: a peer built on the old
+    .proto may still send it, and it is skipped as an unknown field."""
+    assert "attempt" not in pb.PushHeader.DESCRIPTOR.fields_by_name
+    header = pb.PushHeader(worker_rank=1, step=4, num_examples=8, num_tensors=0)
+    old_peer = b"\x18\x02" + header.SerializeToString()  # field 3, varint 2
+    message = b"\x0a" + varint(len(old_peer)) + old_peer
+    got, tensors = read_push([parse_part(message)], {})
+    assert (got.worker_rank, got.step, got.num_examples, tensors) == (1, 4, 8, {})

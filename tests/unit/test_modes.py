@@ -26,6 +26,14 @@ def weights(shard):
     return shard.pull(0, timeout_s=1.0)[1]["w"]
 
 
+def gate_open(shard, rank):
+    """Whether `rank` may start its next step now: the ssp gate, asked with no wait."""
+    try:
+        return shard.wait_turn(rank, timeout_s=0.0) is False
+    except PullTimeout:
+        return False
+
+
 def run_in_thread(fn):
     """Start fn in a thread; returns (thread, box) where box gets "result" or "error"."""
     box = {}
@@ -170,10 +178,10 @@ def test_ssp_blocks_a_worker_s_plus_1_ahead_until_the_slowest_catches_up():
     shard = make_shard(Mode("ssp", staleness=s))
     for step in range(s):
         shard.push(0, step, g(1.0), 1)
-        assert shard.may_proceed(0)  # s ahead: allowed
+        assert gate_open(shard, 0)  # s ahead: allowed
     shard.push(0, s, g(1.0), 1)  # clock s+1 against 0: one too many
-    assert not shard.may_proceed(0)
-    assert shard.may_proceed(1)  # the slowest never waits
+    assert not gate_open(shard, 0)
+    assert gate_open(shard, 1)  # the slowest never waits
     with pytest.raises(PullTimeout, match="worker 0 at clock 3 waited .* worker \\(1, clock 0\\)"):
         shard.wait_turn(0, timeout_s=0.01)
 
@@ -184,7 +192,7 @@ def test_ssp_blocks_a_worker_s_plus_1_ahead_until_the_slowest_catches_up():
     thread.join(timeout=30.0)
     assert not thread.is_alive() and "error" not in box
     assert order == ["slow pushes", "released"]
-    assert shard.may_proceed(0)
+    assert gate_open(shard, 0)
     assert shard.stats()[1].gate_waits >= 1
 
 
@@ -192,9 +200,9 @@ def test_ssp_with_bound_0_keeps_workers_in_lockstep_without_averaging():
     shard = make_shard(Mode("ssp", staleness=0))
     assert shard.push(0, 0, g(1.0), 1).outcome == PushOutcome.APPLIED  # applied alone at once
     np.testing.assert_allclose(weights(shard), [-1.0, -1.0])
-    assert not shard.may_proceed(0)
+    assert not gate_open(shard, 0)
     shard.push(1, 0, g(3.0), 1)  # staleness 1: computed on v0, applied at v1
-    assert shard.may_proceed(0) and shard.may_proceed(1)
+    assert gate_open(shard, 0) and gate_open(shard, 1)
     np.testing.assert_allclose(weights(shard), [-4.0, -4.0])
     assert shard.stats()[1].staleness_histogram == [1, 1]
 
@@ -203,7 +211,6 @@ def test_async_never_waits():
     shard = make_shard(Mode("async"))
     for step in range(10):
         shard.push(0, step, g(1.0), 1)
-    assert shard.may_proceed(0)
     assert shard.wait_turn(0, timeout_s=0.0) is False
 
 
@@ -214,12 +221,12 @@ def test_the_end_opens_every_gate_so_a_stopped_worker_blocks_nobody():
     # Worker 2 never pushes (it stopped); the others would wait for it forever.
     shard = make_shard(Mode("ssp", staleness=0), num_workers=3, end_version=2)
     shard.push(0, 0, g(1.0), 1)
-    assert not shard.may_proceed(0)
+    assert not gate_open(shard, 0)
     thread, box = run_in_thread(lambda: shard.wait_turn(0, timeout_s=30.0))
     shard.push(1, 0, g(1.0), 1)  # version 2: the run's end
     thread.join(timeout=30.0)
     assert not thread.is_alive() and "error" not in box
-    assert shard.may_proceed(1)
+    assert gate_open(shard, 1)
     # Past the end, every push is dropped and pulls answer the final version at once.
     assert shard.push(0, 2, g(1.0), 1).outcome == PushOutcome.DROPPED
     assert shard.pull(min_version=3, timeout_s=30.0)[0] == 2

@@ -5,12 +5,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from towerps.codec import parse_part, pull_stream, push_stream, read_push
+from towerps.codec import parse_part, pull_stream, push_stream, read_pull, read_push
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 from towerps.wire import (
-    CHUNK_BYTES, FINITE_BLOCK, TENSOR_ALIGNMENT, TensorSpec, aligned_empty, all_finite,
-    decode_tensors, widened,
+    CHUNK_BYTES, FINITE_BLOCK, TENSOR_ALIGNMENT, TensorSpec, aligned_empty, all_finite, widened,
 )
 
 pytestmark = pytest.mark.unit
@@ -29,6 +28,24 @@ def push_messages(header, tensors):
     return [parse_part(m) for m in push_stream(header, tensors)]
 
 
+def received(chunks, expected=None):
+    """The tensors a receiver makes of `chunks`, each sent in a message of its
+    own after a header announcing their tensors: a Pull stream through
+    codec.read_pull, or with `expected` (a shard's specs) a Push stream
+    through codec.read_push."""
+    chunks = [pb.TensorChunk(name=c.name, dtype=c.dtype, shape=c.shape, offset=c.offset,
+                             data=bytes(c.data)) for c in chunks]
+    num_tensors = len({c.name for c in chunks})
+    body = [pb.TensorChunks(chunks=[c]) for c in chunks]
+    if expected is None:
+        messages = [pb.PullReply(header=pb.PullHeader(num_tensors=num_tensors))]
+        messages += [pb.PullReply(chunks=b) for b in body]
+        return read_pull(parse_part(m.SerializeToString()) for m in messages)[1]
+    messages = [pb.PushRequest(header=pb.PushHeader(num_tensors=num_tensors))]
+    messages += [pb.PushRequest(chunks=b) for b in body]
+    return read_push([parse_part(m.SerializeToString()) for m in messages], expected)[1]
+
+
 def test_round_trip_of_every_dtype_and_odd_shapes():
     rng = np.random.default_rng(0)
     tensors = {
@@ -40,7 +57,7 @@ def test_round_trip_of_every_dtype_and_odd_shapes():
         "i64": np.arange(4, dtype=np.int64).reshape(2, 2),
         "empty": np.zeros((0, 3), dtype=np.float32),
     }
-    out = decode_tensors(encode_tensors(tensors))
+    out = received(encode_tensors(tensors))
     assert list(out) == list(tensors)
     for name, array in tensors.items():
         assert out[name].dtype == array.dtype
@@ -55,7 +72,7 @@ def test_a_tensor_over_4_mib_travels_in_chunks_of_at_most_1_mib():
     assert weights.nbytes == 3_538_944
     assert len(chunks) == -(-weights.nbytes // CHUNK_BYTES)
     assert max(len(c.data) for c in chunks) == CHUNK_BYTES
-    np.testing.assert_array_equal(decode_tensors(chunks)["local3/kernel"], weights)
+    np.testing.assert_array_equal(received(chunks)["local3/kernel"], weights)
 
 
 def test_decoded_arrays_start_at_tensorflows_alignment_compact_floats_widened_too():
@@ -65,7 +82,7 @@ def test_decoded_arrays_start_at_tensorflows_alignment_compact_floats_widened_to
     tensors = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate((1, 3, 17))}
     tensors["f16"] = rng.standard_normal((5, 3)).astype(np.float16)
     expected = {n: TensorSpec(np.dtype(np.float32), a.shape) for n, a in tensors.items()}
-    out = decode_tensors(encode_tensors(tensors), expected)
+    out = received(encode_tensors(tensors), expected)
     for name, array in out.items():
         assert array.ctypes.data % TENSOR_ALIGNMENT == 0, name
         assert array.dtype == np.float32 and array.flags.writeable
@@ -91,7 +108,7 @@ def test_widened_copies_into_aligned_memory_and_keeps_an_array_already_in_its_dt
 
 def test_decoded_arrays_are_writable_and_not_views_of_the_source():
     source = np.ones(4, dtype=np.float32)
-    out = decode_tensors(encode_tensors({"w": source}))["w"]
+    out = received(encode_tensors({"w": source}))["w"]
     out += 1
     np.testing.assert_array_equal(source, np.ones(4, dtype=np.float32))
 
@@ -115,17 +132,17 @@ def _chunk(**fields):
 )
 def test_malformed_streams_are_refused(chunks, message):
     with pytest.raises(BadTensor, match=message):
-        decode_tensors(chunks)
+        received(chunks)
 
 
 def test_expected_specs_refuse_wrong_name_dtype_and_shape_at_the_first_chunk():
     expected = {"w": TensorSpec(np.dtype(np.float32), (2,))}
     with pytest.raises(BadTensor, match="not held here"):
-        decode_tensors([_chunk(name="v")], expected)
+        received([_chunk(name="v")], expected)
     with pytest.raises(BadTensor, match="expected dtype float32 shape \\(2,\\)"):
-        decode_tensors([_chunk(shape=[1, 2])], expected)
+        received([_chunk(shape=[1, 2])], expected)
     with pytest.raises(BadTensor, match="expected dtype float32"):
-        decode_tensors([_chunk(dtype=pb.FLOAT64, data=b"\0" * 16)], expected)
+        received([_chunk(dtype=pb.FLOAT64, data=b"\0" * 16)], expected)
 
 
 def test_push_stream_round_trip_and_tensor_count_check():
@@ -154,7 +171,7 @@ def test_small_tensors_pack_into_few_messages_and_large_ones_fill_their_own():
     batches = list(encode_batches(mixed))
     assert all(sum(len(c.data) for c in b) <= CHUNK_BYTES for b in batches)
     assert [c.name for b in batches for c in b] == ["a", "big", "big", "big", "b"]
-    out = decode_tensors(c for b in batches for c in b)
+    out = received(c for b in batches for c in b)
     np.testing.assert_array_equal(out["big"], mixed["big"])
 
 

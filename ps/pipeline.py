@@ -1,0 +1,206 @@
+"""Every check a call to a shard goes through, in the order they run.
+
+    pipeline = Pipeline(shard, limits, idle, chunks, segments)
+    push = pipeline.push(requests, call, then_pull=True)   # stages 4-6: a CheckedPush
+    result = pipeline.take(push, call)                     # stages 7-9: the shard's PushResult
+    plan = pipeline.pull(request, call)                    # stage 5 of a Pull: a PullPlan
+
+A stage refuses with a TowerpsError, which the door turns into its status
+code (ps/transport.py's STATUS_CODES), and a refused call changes nothing:
+every stage up to 6 runs before the shard is called, and the shard's own
+rules (7) run under its lock before it touches any state. Tensor bytes are
+read once, as the carrier copies them into arrays the shard owns (6); the
+finiteness of a push is read once more, under the shard's lock (7).
+
+ stage          code                         refuses
+ 1 authenticate ps/guard.py (gRPC's thread)  UNAUTHENTICATED: no valid bearer token.
+                                             Passes on the call's Principal (guard.Call),
+                                             worked out once for every later stage
+ 2 admit        ps/guard.py, ps/limits.py    RESOURCE_EXHAUSTED: beyond the shard's or the
+                                             peer's (principal, or host) cap of calls
+ 3 parse        src/towerps/codec.py         INVALID_ARGUMENT: a message that is not
+                (ps/guard.py: protobuf's)    protobuf, or beyond the bounds of fields, chunks
+                                             and dimensions (each message, as it arrives)
+ 4 header       codec.read_header, here      INVALID_ARGUMENT: no header first, a header
+                                             larger than its tensors can need, malformed, or
+                                             a negative tensor count; PERMISSION_DENIED: a
+                                             rank the principal may not push as;
+                                             INVALID_ARGUMENT: a Shared* call without its
+                                             segments or with skip_step, tensors both in
+                                             chunks and in a segment, a segment on a shard
+                                             started without the same-node transport
+ 5 pull         here (`_pull_plan`)          (Pull, PushPull, before the push reaches the
+                                             shard) INVALID_ARGUMENT: timeout_s NaN or
+                                             negative (a longer one is clamped to
+                                             max_wait_s), a wire dtype not a float's, a
+                                             segment name not a pull segment of this run and
+                                             shard; PERMISSION_DENIED: another rank's segment
+ 6 tensors      the carrier: ps/chunks.py    INVALID_ARGUMENT: a tensor not held here, of
+                (wire.TensorAssembler),      another dtype or shape, bytes out of order, past
+                ps/same_node.py (shm)        the tensor or short, over the chunk budget or
+                                             the announced count; a segment not this run's,
+                                             shard's and rank's push segment, not a regular
+                                             file of one name, a description outside it
+ 7 shard rules  ps/checks.py (Shard.push,    INVALID_ARGUMENT: rank outside 0..N-1, step
+                under the shard's lock)      negative, examples outside 1..global batch, a
+                                             loss or value not finite, not exactly the
+                                             shard's tensors; FAILED_PRECONDITION: a step
+                                             ahead of the shard's version, a rank or row
+                                             count a lost node retired
+ 8 exactly once Shard (`_admit`)             nothing: a repeat of (rank, step) answers
+                                             DUPLICATE or ALREADY_APPLIED, a push after the
+                                             run's end DROPPED; any other is applied
+ 9 ssp gate     Shard.wait_turn              DEADLINE_EXCEEDED: the slowest worker did not
+                                             come within the bound in time (a repeat that
+                                             changed nothing does not wait)
+
+A pull then waits for its version (DEADLINE_EXCEEDED at its timeout_s or
+the caller's deadline, whichever is first; UNAVAILABLE once the shard
+closes), and its carrier sends it. A Pull runs stages 1-3 and 5 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from towerps.codec import read_header
+from towerps.errors import BadRequest, BadTensor
+from towerps.proto import towerps_pb2 as pb
+from towerps.ps.guard import Call
+from towerps.ps.limits import IdleWatch, ShardLimits, checked_wait
+from towerps.ps.shard import PushOutcome, PushResult, Shard
+from towerps.ps.transport import PullPlan, ShardCarrier
+from towerps.wire import pull_wire_dtype
+
+_GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
+_UNCHANGED = (PushOutcome.DUPLICATE, PushOutcome.ALREADY_APPLIED)
+
+
+@dataclass(frozen=True)
+class CheckedPush:
+    """A push that passed stages 4 to 6: its header, its tensors (the shard's
+    own arrays), and for a PushPull the pull that answers it."""
+
+    header: pb.PushHeader
+    tensors: Mapping[str, np.ndarray]
+    pull: PullPlan | None = None
+
+
+class Pipeline:
+    """Stages 4 to 9 for one shard; 1 to 3 run at the door (ps/guard.py).
+    `segments`: the same-node carrier, None when the shard was started
+    without it. Thread-safe: it holds no state of its own."""
+
+    def __init__(self, shard: Shard, limits: ShardLimits, idle: IdleWatch,
+                 chunks: ShardCarrier, segments: ShardCarrier | None):
+        self._shard = shard
+        self._limits = limits
+        self._idle = idle
+        self._chunks = chunks
+        self._segments = segments
+
+    def push(self, requests: Iterable, call: Call, then_pull: bool = False,
+             shared: bool = False) -> CheckedPush:
+        """Stages 4 to 6 of a push read from `requests` (codec.Part each).
+        `then_pull` (PushPull): its header's `pull` passes stage 5 too, with
+        the version after its step; `shared` (SharedPush, SharedPushPull): its
+        tensors, and its pull's, must be in segments. A stream whose peer
+        sends nothing for `idle_stream_s` is cancelled meanwhile."""
+        stream = self._idle.track(call.cancel)
+        try:
+            parts = _reading(stream, requests)
+            header = read_header(parts, "Push", len(self._shard.specs))
+            call.check_may_push_as(header.worker_rank)
+            if shared:
+                _check_shared(header, then_pull)
+            pull = self._pull_plan(header.pull, header.step + 1, call) if then_pull else None
+            tensors = self._push_carrier(header).receive(header, parts, self._shard.specs)
+        finally:
+            stream.done()
+        return CheckedPush(header, tensors, pull)
+
+    def pull(self, request: pb.PullRequest, call: Call, shared: bool = False) -> PullPlan:
+        """Stage 5 of a Pull; `shared` (SharedPull): it must name a segment."""
+        if shared and not request.segment:
+            raise BadRequest("SharedPull writes into a segment: name one in "
+                             "PullRequest.segment, or call Pull")
+        return self._pull_plan(request, request.min_version, call)
+
+    def carrier(self, plan: PullPlan) -> ShardCarrier:
+        """The carrier that answers `plan`: segments if it names one, else chunks."""
+        return self._chunks if plan.segment is None else self._segments
+
+    def take(self, push: CheckedPush, call: Call) -> PushResult:
+        """Stages 7 to 9: the shard's rules and exactly-once (Shard.push or
+        Shard.skip), then the ssp gate, which holds the reply of a push that
+        changed something until its worker may go on."""
+        header, shard = push.header, self._shard
+        if header.skip_step:
+            result = shard.skip(header.worker_rank, header.step)
+        else:
+            result = shard.push(header.worker_rank, header.step, push.tensors,
+                                header.num_examples, header.loss)
+        if result.outcome not in _UNCHANGED:
+            shard.wait_turn(header.worker_rank, self._gate_wait_s(call), call.ended(shard.wake))
+        return result
+
+    def _push_carrier(self, header: pb.PushHeader) -> ShardCarrier:
+        """Where a push's tensors are: in chunks after its header, or (a
+        segment named, and tensors to carry) in the worker's segment."""
+        if not header.segment or header.skip_step:
+            if header.shared:
+                raise BadTensor("a push describes shared tensors but names no segment")
+            return self._chunks
+        if header.num_tensors:
+            raise BadTensor(f"a push names segment {header.segment[:80]!r} and announces "
+                            f"{header.num_tensors} tensors in chunks; send one or the other")
+        return self._same_node()
+
+    def _pull_plan(self, request: pb.PullRequest, min_version: int, call: Call) -> PullPlan:
+        timeout_s = checked_wait(request.timeout_s, self._limits.max_wait_s)
+        wire_dtype = pull_wire_dtype(request.wire_dtype)
+        segment = None
+        if request.segment:  # whose it is, before any wait: a name only, nothing opened
+            segment = self._same_node().pull_segment(request.segment)
+            call.check_may_push_as(segment.rank)
+        return PullPlan(min_version, timeout_s, wire_dtype, segment)
+
+    def _same_node(self):
+        if self._segments is None:
+            raise BadRequest(f"shard {self._shard.index} takes tensors over gRPC only (it was "
+                             "started with --same-node-transport grpc); send them in chunks")
+        return self._segments
+
+    def _gate_wait_s(self, call: Call) -> float:
+        """The ssp gate's wait: answer DEADLINE_EXCEEDED ourselves a second
+        before the caller's deadline; never past max_wait_s."""
+        remaining = call.time_remaining()
+        wait_s = _GATE_WAIT_S if remaining is None else max(0.0, remaining - 1.0)
+        return min(wait_s, self._limits.max_wait_s)
+
+
+def _check_shared(header: pb.PushHeader, then_pull: bool) -> None:
+    """A SharedPush's or SharedPushPull's header: tensors, and a pull, in segments."""
+    if header.skip_step:
+        raise BadRequest("a skip_step push carries no tensors: send it by Push")
+    if not header.segment:
+        raise BadRequest("a Shared* call carries its tensors in a segment: name it in "
+                         "PushHeader.segment, or call Push or PushPull")
+    if then_pull and not header.pull.segment:
+        raise BadRequest("SharedPushPull writes the parameters into a segment: name it "
+                         "in PushHeader.pull.segment, or call PushPull")
+
+
+def _reading(stream, requests):
+    """`requests`, marking the wait for each as the peer's turn."""
+    iterator = iter(requests)
+    while True:
+        stream.peer_turn()
+        part = next(iterator, None)
+        stream.our_turn()
+        if part is None:
+            return
+        yield part
