@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from towerps.cluster.recovery.liveness import GONE_GRACE_S, SILENT_S, judged_dead, process_gone
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_worker_is_dead_when_silent_long_or_briefly_with_its_process_gone():
