@@ -1,6 +1,6 @@
 """Who watches a run: TensorBoard, Ray metrics, the status file, all fed by the driver.
 
-    observers = Observers([TensorBoard(run_dir), RayMetrics(), WorkersFile(run_dir, records)])
+    observers = Observers([TensorBoard(run_dir), RayMetrics(), WorkersFile(run_dir, placements)])
     observers.record(entry)               # each metrics.jsonl record
     observers.workers(version, figures)   # every worker's figures, about once a second
     observers.shards(version, counters)   # every shard's StatusReply, with the workers'
@@ -89,11 +89,13 @@ class Observers(Observer):
 
 class WorkersFile(Observer):
     """`workers.json` in the run directory: each worker's latest figures and
-    where it runs, for `towerps status`. Rewritten atomically (rename)."""
+    where it runs now, for `towerps status`. Rewritten atomically (rename).
+    `placements`: the job's (cluster/run/placements.py), read at each report,
+    so a replacement's node and process show once it runs."""
 
-    def __init__(self, run_dir: str, placement: list[dict]):
+    def __init__(self, run_dir: str, placements):
         self.path = os.path.join(run_dir, WORKERS_FILE)
-        self._where = {r["index"]: r for r in placement if r["role"] == "worker"}
+        self._placements = placements
         self._rows: dict[int, dict] = {}
         self._version = 0
         self._write(finished=False)
@@ -101,13 +103,15 @@ class WorkersFile(Observer):
     def workers(self, version: int, figures: list) -> None:
         self._version = version
         for f in figures:
-            where, before = self._where.get(f.rank, {}), self._rows.get(f.rank, {})
+            where, before = self._placements.worker(f.rank), self._rows.get(f.rank, {})
+            node_ip, pid, devices = (where.node_ip, where.pid, where.devices) if where else (
+                None, None, None)
             elapsed = f.at_s - before.get("at_s", f.at_s)
             rate = (f.examples - before["examples"]) / elapsed if elapsed > 0 else \
                 before.get("examples_per_s", 0.0)
             self._rows[f.rank] = {
-                "rank": f.rank, "node_ip": where.get("node_ip"), "pid": where.get("pid"),
-                "devices": where.get("devices"), "alive": True, "steps": f.steps,
+                "rank": f.rank, "node_ip": node_ip, "pid": pid, "devices": devices,
+                "alive": True, "steps": f.steps,
                 "examples": f.examples, "version": f.version, "pull_s": f.pull_s,
                 "compute_s": f.compute_s, "push_s": f.push_s, "bytes_sent": f.bytes_sent,
                 "bytes_received": f.bytes_received, "pushes_dropped": f.pushes_dropped,

@@ -12,7 +12,7 @@ computes) about every CHECK_S. A worker is judged dead when
 
 - that call fails with Ray's actor-died error, or
 - it is unanswered for GONE_GRACE_S and the worker's process, on the
-  driver's own node (placement.json's node and pid), no longer exists, or
+  driver's own node (its placement's node and pid), no longer exists, or
 - it is unanswered for SILENT_S wherever the worker runs.
 
 A worker judged dead is `ray.kill`ed before it is reported, so a process
@@ -56,7 +56,7 @@ class Heartbeat:
     """Asks running workers whether they are alive; not thread-safe (the watch loop's)."""
 
     def __init__(self, job, clock: Callable[[], float] = time.monotonic):
-        self.job = job  # cluster/run/job.py's Job: its workers and where each runs
+        self.job = job  # cluster/run/job.py's Job: its workers, and their placements
         self._clock = clock
         self._asked: dict[int, tuple[object, object, float]] = {}  # rank: (actor, ref, when)
         self._node = ray.get_runtime_context().get_node_id()
@@ -97,7 +97,6 @@ class Heartbeat:
     def _gone(self, rank: int) -> bool:
         """Whether worker `rank`'s process is known to have ended (only a process
         on the driver's node can be looked at)."""
-        record = next((r for r in self.job.records
-                       if (r["role"], r["index"]) == ("worker", rank)), None)
-        return (record is not None and record.get("node_id") == self._node
-                and process_gone(record["pid"]))
+        placed = self.job.placements.worker(rank)
+        return (placed is not None and placed.node_id == self._node
+                and placed.pid is not None and process_gone(placed.pid))

@@ -1,8 +1,8 @@
-"""A node lost for good: its shards start elsewhere, its workers' rows go to the others.
+"""A node lost for good: what it took, and how the job goes on without it. Pure.
 
-    loss = NodeLoss(job)
-    if loss.recover(supervisor, seen, noticed):   # a node of the job is dead in Ray's eyes
-        ...                                       # supervisor.take_moved() tells the watch loop
+    losses = NodeLosses(placements, config, streams_data)
+    lost = losses.find(alive_node_ids())   # a LostNodes, or None: no new node lost
+    # the supervisor carries it out: shards on a survivor, rows shared, rollback
 
 Ray declares a node dead once its health checks fail (tens of seconds by
 default); every actor on it is dead from then on. The supervisor asks here
@@ -24,76 +24,81 @@ first whenever an actor of the job dies, because the two cases differ:
 
 Sync mode only, on data read by step (built-in data sets and arrays): in
 async and ssp a worker's rows follow its own clock, and a stream's position
-is not in any checkpoint, so the run ends with a ClusterError naming why.
+is not in any checkpoint, so `find` raises a ClusterError naming why.
+No Ray here: which nodes are alive is the caller's to say.
 """
 
 from __future__ import annotations
 
-import logging
-import time
+import dataclasses
+from dataclasses import dataclass
 
 from towerps.cluster.api.summary import Recovery
 from towerps.errors import ClusterError
-from towerps.workers.redirect import Redirect, share_rows
-
-log = logging.getLogger("towerps")
+from towerps.workers.redirect import share_rows
 
 
-class NodeLoss:
-    """The node losses of one job; called by its Supervisor (not thread-safe)."""
+@dataclass(frozen=True)
+class LostNodes:
+    """Nodes lost at once, what they held, and who trains on."""
 
-    def __init__(self, job):
-        self.job = job
-        self.handled: set[str] = set()  # node ids recovered from
+    ips: tuple[str, ...]  # the lost nodes' IPs, sorted
+    shards: tuple[int, ...]  # shards to start again on a survivor
+    ranks: tuple[int, ...]  # workers lost with them (not replaced)
+    live: tuple[int, ...]  # the ranks that train on
+    rows: dict[int, int] | None  # each live rank's rows of a global batch; None: as they were
+    where: dict[tuple[str, int], str]  # (role, index) -> the IP of the node it was lost with
 
-    def recover(self, supervisor, seen: int, noticed: float) -> bool:
-        """If Ray reports a node of the job dead that was not recovered from yet:
-        recover (blocks until the workers are redirected) and return True.
-        Raises ClusterError when the run cannot go on without the node."""
-        job = self.job
-        lost = {n: ip for n, ip in job.lost_nodes().items() if n not in self.handled}
+    def __str__(self) -> str:
+        return (f"node(s) {list(self.ips)} lost (shards {list(self.shards)}, "
+                f"workers {list(self.ranks)})")
+
+    def recoveries(self, seen: int, version: int, noticed: float,
+                   seconds: float) -> list[Recovery]:
+        """summary.json's records: one per lost shard and worker."""
+        return [Recovery(role, index, seen, version, max(seen - version, 0), noticed, seconds,
+                         node_lost=self.where[role, index], ranks=list(self.live))
+                for role, index in [("ps", k) for k in self.shards]
+                + [("worker", r) for r in self.ranks]]
+
+
+class NodeLosses:
+    """The node losses of one job, each found once; not thread-safe (the supervisor's)."""
+
+    def __init__(self, placements, config, streams_data: bool):
+        self.placements = placements  # cluster/run/placements.py's Placements
+        self.config = config  # the job's TrainConfig
+        self.streams_data = streams_data  # workers read a stream (tf.data, Ray Data)
+        self.handled: set[str] = set()  # node ids found lost already
+
+    def find(self, alive: set[str]) -> LostNodes | None:
+        """The job's nodes not in `alive` (Ray's ids) that were not found
+        before, as a LostNodes; None if there are none. Raises ClusterError
+        when the run cannot go on without them."""
+        placements = self.placements
+        lost = {n: ip for n, ip in placements.nodes_not_in(alive).items()
+                if n not in self.handled}
         if not lost:
-            return False
+            return None
         self.handled |= set(lost)
-        where = {(r["role"], r["index"]): r["node_ip"] for r in job.records
-                 if r["node_id"] in lost}
-        shards, ranks = job.actors_on(lost)
-        ranks = [r for r in ranks if r not in job.lost_ranks]
-        live = [r for r in range(job.config.num_workers)
-                if r not in job.lost_ranks and r not in ranks]
-        what = f"node(s) {sorted(lost.values())} lost (shards {shards}, workers {ranks})"
-        self._check_can_go_on(what, live, bool(ranks))
-        version = supervisor._latest_checkpoint(f"{what} at version {seen}")
-        log.warning("%s at version %d; the job goes on from checkpoint %d with workers %s",
-                    what, seen, version, live)
-        job.lost_ranks |= set(ranks)
+        where = {p.key: p.node_ip for p in placements if p.node_id in lost}
+        shards, ranks = placements.on_nodes(lost)
+        before = placements.lost_ranks()
+        ranks = [r for r in ranks if r not in before]
+        live = [r for r in range(self.config.num_workers) if r not in before | set(ranks)]
+        found = LostNodes(tuple(sorted(lost.values())), tuple(shards), tuple(ranks),
+                          tuple(live), None, where)
+        self._check_can_go_on(str(found), live, bool(ranks))
         # Only with a worker lost for good do the shards learn a new split: a
         # node that held shards alone changes nobody's rows, and a split once
         # set makes a shard refuse a push of another size (a stream's short batch).
-        rows = None
-        if job.lost_ranks:
-            shares = share_rows(job.config.batch_size, live)
-            rows = {r: s.stop - s.start for r, s in shares.items()}
-        for record in job.records:  # kept in placement.json, marked: nothing replaces them
-            if record["role"] == "worker" and record["index"] in ranks:
-                record["lost"] = True
-        for k in shards:
-            job.replace_shard(k, version, node_id=job.surviving_node(), rows=rows)
-        job.rollback_shards(version, skip=tuple(shards), rows=rows)
-        supervisor.generation += 1
-        supervisor.last_redirect = Redirect(supervisor.generation, tuple(job.addresses), version,
-                                            ranks=tuple(live) if rows else None)
-        job.redirect_workers(supervisor.last_redirect)
-        seconds = time.time() - noticed
-        supervisor.recoveries += [
-            Recovery(role, index, seen, version, max(seen - version, 0), noticed, seconds,
-                     node_lost=where[role, index], ranks=live)
-            for role, index in [("ps", k) for k in shards] + [("worker", r) for r in ranks]]
-        supervisor.shards_moved(version, shards)
-        return True
+        if not (before or ranks):
+            return found
+        shares = share_rows(self.config.batch_size, live)
+        return dataclasses.replace(found, rows={r: s.stop - s.start for r, s in shares.items()})
 
     def _check_can_go_on(self, what: str, live: list[int], workers_lost: bool) -> None:
-        config = self.job.config
+        config = self.config
         if not live:
             raise ClusterError(f"{what}: no worker is left to train; run again on nodes "
                                "that stay up, or with --resume from the run directory")
@@ -101,7 +106,7 @@ class NodeLoss:
             raise ClusterError(
                 f"{what}: in --mode {config.mode.name} a worker's rows follow its own clock, "
                 "so the others cannot take them over; resume the run (--resume) on enough nodes")
-        if workers_lost and self.job.streams_data:
+        if workers_lost and self.streams_data:
             raise ClusterError(
                 f"{what}: a worker fed by a tf.data function or a Ray Data set cannot hand "
                 "its rows to the others (a stream's position is in no checkpoint); train on "

@@ -1,8 +1,8 @@
 """Spare workers: set up in advance, so a dead worker's rank goes on at once.
 
-    spares = Spares(job, setup)               # job: a Job whose reservation has spare bundles
-    records = spares.start()                  # blocks until the first K are warm
-    taken = spares.take(rank, spec, credentials)  # (actor, record), or None: start one cold
+    spares = Spares(reservation, placements, setup)  # a reservation with spare bundles
+    spares.start()                                  # blocks until the first K are warm
+    taken = spares.take(rank, spec, job, inputs, credentials)  # (actor, record), or None
 
 A cold replacement imports TensorFlow, loads its data and builds its model
 before its first step: seconds. With `--spare-workers K` the job keeps K
@@ -17,8 +17,10 @@ on, and is ready for the next death seconds later.
 
 A spare that died before it was needed is skipped and not started again
 (its node may be gone, and an actor asked into a bundle Ray cannot place
-waits forever); a cold start follows if none is left. Records: placement.json lists each spare (role "spare")
-once it is known to be warm: at start, and when a later spare is seen ready.
+waits forever); a cold start follows if none is left. Placements
+(cluster/run/placements.py) list each spare (role "spare") once it is known
+to be warm: at start, and when a later spare is seen ready; a spare that
+takes a rank leaves them as a spare (the job records it as the worker).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 
 import ray
 
+from towerps.cluster.run.placements import Placement
+from towerps.cluster.run.remote import get, get_in_bundle
 from towerps.errors import ActorDied
 
 log = logging.getLogger("towerps")
@@ -55,22 +59,21 @@ class SpareSetup:
 class Spares:
     """The job's warm spare workers; not thread-safe (the watch loop's)."""
 
-    def __init__(self, job, setup: SpareSetup):
-        self.job = job  # cluster/run/job.py's Job
+    def __init__(self, reservation, placements, setup: SpareSetup, verbose: bool = False):
+        self.reservation = reservation  # cluster/run/reservation.py's, with spare bundles
+        self.placements = placements  # cluster/run/placements.py's: where the spares are
         self.setup = setup
+        self.verbose = verbose
         self._pool: deque[Spare] = deque()  # oldest first
         self._count = 0
 
     def start(self) -> list[dict]:
-        """Warm a spare in each spare bundle; blocks until all are; returns their records."""
-        from towerps.cluster.run.job import get
-
-        for bundle in self.job.reservation.layout.spare_bundle:
+        """Warm a spare in each spare bundle; blocks until all are; returns their
+        records (each with its bundle), as placed."""
+        for bundle in self.reservation.layout.spare_bundle:
             self._start(bundle)
         records = get([s.warming for s in self._pool])
-        for spare, record in zip(self._pool, records):
-            self._record(spare, record)
-        return records
+        return [self._record(spare, record) for spare, record in zip(self._pool, records)]
 
     def take(self, rank: int, spec, job, inputs, credentials):
         """The oldest live spare, made worker `rank` (WorkerActor.take_over with
@@ -78,21 +81,18 @@ class Spares:
 
         Blocks until that spare is warm (it may still be warming) and has
         taken over; starts the next spare in the freed bundle without waiting."""
-        from towerps.cluster.run.job import get, get_in_bundle
-
         self._note_ready()
         while self._pool:
             spare = self._pool.popleft()
             try:
-                get_in_bundle(spare.warming, spare.actor, self.job.reservation, spare.bundle,
+                get_in_bundle(spare.warming, spare.actor, self.reservation, spare.bundle,
                               f"spare {spare.index}")
                 record = get([spare.actor.take_over.remote(spec, job, inputs, credentials)])[0]
             except ActorDied:  # killed, or its node lost: a spare there might never start
                 log.warning("spare %d died before it was needed", spare.index)
                 continue
-            self.job.records = [r for r in self.job.records
-                                if (r["role"], r["index"]) != ("spare", spare.index)]
-            freed = self.job.reservation.move_worker(rank, spare.bundle)
+            self.placements.remove("spare", spare.index)
+            freed = self.reservation.move_worker(rank, spare.bundle)
             record["bundle"] = spare.bundle
             record["spare"] = spare.index
             self._start(freed)
@@ -107,8 +107,8 @@ class Spares:
         from towerps.cluster.run.actors import WorkerActor
 
         index, self._count = self._count, self._count + 1
-        actor = WorkerActor.options(**self.job.reservation.bundle_options(bundle)).remote(
-            index, self.job.config.verbose)
+        actor = WorkerActor.options(**self.reservation.bundle_options(bundle)).remote(
+            index, self.verbose)
         s = self.setup
         self._pool.append(Spare(actor, bundle, index, actor.warm.remote(s.spec, s.job, s.inputs)))
 
@@ -122,7 +122,9 @@ class Spares:
             except ray.exceptions.RayError:
                 pass  # dead or failed: `take` finds out and skips it
 
-    def _record(self, spare: Spare, record: dict) -> None:
+    def _record(self, spare: Spare, record: dict) -> dict:
         spare.recorded = True
-        self.job.records.append(dict(record, bundle=spare.bundle))
+        record = dict(record, bundle=spare.bundle)
+        self.placements.put(Placement.reported(record))
+        return record
 

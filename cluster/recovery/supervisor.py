@@ -1,52 +1,36 @@
-"""The supervisor: the loop that watches a job, with one more job: keep its actors alive.
+"""The supervisor: the one owner of a job's recoveries, rollbacks and redirects.
 
-    supervisor = Supervisor(job)                  # a job that takes checkpoints
-    back = supervisor.shards_failed(seen, client)  # the status call failed: ShardsBack
-    back = supervisor.take_moved()                 # shards a worker's death brought back
-    run_ref = supervisor.worker_lost(rank, seen)   # a worker's `run` call: actor died
-    run_ref = supervisor.run_again(rank)           # its run had ended before a rollback
-    since = supervisor.log_since(seen)             # shard 0's update log from there
-    supervisor.updates_seen(records)               # each recovery's first update after it
+    supervisor = Supervisor(job)                       # a job that takes checkpoints
+    recovered = supervisor.recover(decision, seen)     # Recovered(runs, back)
+    ranks = supervisor.behind(reports)                 # runs that ended before the latest rollback
+    since = supervisor.log_since(seen)                 # where to read shard 0's update log from
+    supervisor.updates_seen(records)                   # each recovery's first update after it
 
-A shard's process that dies takes its actor with it: a call to the actor
-fails at once, and every gRPC call to its address fails. When the driver's
-status poll (cluster/run/monitor.py) fails, the supervisor pings every shard
-actor; for each that is dead it starts a new ShardActor in the same
-placement-group bundle, restored from the latest complete checkpoint, rolls
-every other shard back to that version (a sync step must never mix
-versions), then redirects every worker to the shards' addresses while it
-trains (workers/redirect.py). Steps after the checkpoint are trained again;
-in sync mode the replay computes exactly what was lost, so the run ends
-with the weights it would have had. Each recovery is recorded
-(summary.json's `recoveries`).
+The watch loop (cluster/run/monitor.py) polls, its policy (policy.py)
+decides, and the supervisor carries out the three recovering decisions:
 
-A worker that dies is replaced by a warm spare (`--spare-workers`,
-cluster/recovery/spares.py) or, with none left, by a new WorkerActor in its bundle,
-set up as the first was, which takes its rank. Where it starts comes from the
-shards' exactly-once tables (`Shard.worker_position`): what makes a push
-unique is (rank, step) in sync mode and (rank, clock: the count of global
-batches it pushed) in async and ssp. If every shard holds the same latest
-step and clock for the rank, its last push reached all of them or none:
-the replacement starts at the next step (sync: the step the others wait
-for; async/ssp: the next global batch by its clock), so nothing is pushed
-twice and nothing skipped. If they disagree, the worker died in the middle
-of a push that reached only some shards, and a shard may already have
-applied it; no push can make that whole, so every shard goes back to the
-latest complete checkpoint and every worker with it, as for a dead shard.
-A worker whose `run` had already ended (it pushed its last step) when a
-rollback came is needed for the steps made again: `run_again` starts it
-from the rollback's version, in a replacement if it died meanwhile.
-(A push fully sent before the process died but read by its shard only
-after the positions were read would be missed by this check; Ray reports a
-death well after the process's sockets are closed.)
+- REPLACE_WORKERS: each dead worker's rank goes to a warm spare or a new
+  actor in its bundle (Job.replace_worker), which starts where the shards'
+  exactly-once tables say, or from the latest complete checkpoint when its
+  last push reached only some shards, or when a shard died with it;
+- RUN_AGAIN: a worker whose `run` ended before the latest rollback runs
+  again from the rollback's version (in a new actor if it died meanwhile);
+- RECOVER_SHARDS: the status call failed: dead shards start again from the
+  latest complete checkpoint and every other shard goes back to it.
 
-A node lost for good (cluster/recovery/node_loss.py) takes its shards and workers with
-it: its shards start again on a surviving node, outside the placement
-group, and its workers are not replaced; the live workers take over their
-rows of every global batch from the latest complete checkpoint on.
+Before any of them it asks whether a node of the job was lost
+(node_loss.py); if so that node's recovery comes first and covers every
+actor the node held. A new actor asked into a bundle whose node Ray
+declares lost only afterwards fails with ActorDied: that becomes the
+node's recovery too (`_unless_node_lost`, the one place this is handled).
 
-Ray's own actor restart is not used: it re-runs only the constructor, and
-a shard's state lives in its checkpoint parts, not in its arguments.
+Every rollback goes through `_roll_back`: the shards go back to checkpoint
+c, the generation grows by one and a Redirect to c is handed to every
+worker. No other class writes the generation or the redirect. Each
+recovery is a `Recovery` record (summary.json's `recoveries`).
+
+The invariants all this rests on, and the windows it accepts, are written
+down once in cluster/recovery/__init__.py.
 """
 
 from __future__ import annotations
@@ -54,88 +38,102 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import ray
 
-from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
-from towerps.cluster.recovery.node_loss import NodeLoss
 from towerps.cluster.api.summary import Recovery
+from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
+from towerps.cluster.recovery.node_loss import NodeLosses
+from towerps.cluster.recovery.policy import Action, Decision
+from towerps.cluster.run.remote import alive_node_ids
 from towerps.errors import ActorDied, CheckpointError, ClusterError
 from towerps.workers.redirect import Redirect
 
 log = logging.getLogger("towerps")
 PING_TIMEOUT_S = 30.0  # a live shard actor answers a ping within this, however busy
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class ShardsBack:
-    """What `Supervisor.shards_failed` did."""
+    """Shards that went back to a checkpoint, for the watch loop to follow."""
 
-    client: object  # the driver's PSClient from now on (a new one after a recovery)
-    version: int | None = None  # the checkpoint every shard went back to; None: none dead
+    client: object  # a PSClient to where the shards are now
+    version: int  # the checkpoint every shard went back to (the oldest, if several)
     replaced: tuple[int, ...] = ()  # the shards started anew (their update logs start empty)
 
 
+class Moves:
+    """Shards gone back to a checkpoint since the watch loop last followed them."""
+
+    def __init__(self):
+        self._pending: tuple[int, tuple[int, ...]] | None = None
+
+    def add(self, version: int, replaced) -> None:
+        """Every shard went back to checkpoint `version`; the shards `replaced`
+        serve at new addresses (with those of earlier moves not yet taken)."""
+        earlier = self._pending[1] if self._pending else ()
+        self._pending = (version, tuple(sorted({*earlier, *replaced})))
+
+    def take(self) -> tuple[int, tuple[int, ...]] | None:
+        """(the checkpoint gone back to last, every shard replaced) since the
+        last call; None if no shard went back."""
+        taken, self._pending = self._pending, None
+        return taken
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What `Supervisor.recover` did that the watch loop must follow."""
+
+    runs: dict[int, object]  # rank -> the ObjectRef of its new `run` call
+    back: ShardsBack | None = None  # None: no shard went back
+
+
 class Supervisor:
-    """Brings a job's dead actors back; not thread-safe (the driver's watch loop calls it)."""
+    """Brings a job's dead actors back; not thread-safe (the watch loop calls it)."""
 
     def __init__(self, job):
-        self.job = job  # cluster/run/job.py's Job
-        self.generation = 0  # counts redirects handed to the workers
-        self.last_redirect: Redirect | None = None  # the latest rollback's
+        self.job = job  # cluster/run/job.py's Job: the hands that start and stop actors
         self.recoveries: list[Recovery] = []
-        self.nodes = NodeLoss(job)  # recovers from a node lost for good
-        self._moved: tuple[int, tuple[int, ...]] | None = None  # for take_moved
+        self._redirect: Redirect | None = None  # the latest rollback's
+        self._losses = NodeLosses(job.placements, job.config, job.streams_data)
+        self._moves = Moves()  # what the watch loop must follow
 
-    def ping_shards(self) -> tuple[list[int], int]:
-        """(indices of the shards whose actor is dead, the highest version a live one holds)."""
-        pings = [s.ping.remote() for s in self.job.shards]
-        ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
-        dead, newest = [], 0
-        for k, ping in enumerate(pings):
-            try:
-                newest = max(newest, ray.get(ping, timeout=0))
-            except ray.exceptions.RayActorError:
-                dead.append(k)
-            except ray.exceptions.GetTimeoutError:
-                pass  # alive but slow to answer: not dead
-        return dead, newest
+    @property
+    def generation(self) -> int:
+        """Counts the rollbacks: a worker's run under an older one must run again."""
+        return self._redirect.generation if self._redirect else 0
 
-    def shards_failed(self, seen: int, client) -> ShardsBack:
-        """The driver's call to the shards failed: bring dead shards back from
-        the latest complete checkpoint (ShardsBack(client) if none is dead).
+    def recover(self, decision: Decision, seen: int) -> Recovered:
+        """Carry out a recovering `decision` (policy.RECOVERING); `seen` is the
+        newest version the watch loop counted. Blocks until every actor it
+        starts is set up and every worker is redirected. Raises ClusterError
+        when a rollback is needed and no checkpoint is complete, or a node
+        was lost that the run cannot go on without."""
+        runs = {}
+        if decision.action is Action.REPLACE_WORKERS:
+            runs = {rank: self._replace_worker(rank, seen) for rank in decision.ranks}
+        elif decision.action is Action.RUN_AGAIN:
+            runs = {rank: self._run_again(rank) for rank in decision.ranks}
+        elif decision.action is Action.RECOVER_SHARDS:
+            self._recover_shards(seen)
+        else:
+            raise ValueError(f"{decision.action} is not a recovery")
+        moved = self._moves.take()
+        back = ShardsBack(self.job.client(), *moved) if moved is not None else None
+        return Recovered({r: ref for r, ref in runs.items() if ref is not None}, back)
 
-        Blocks until every worker is redirected. Raises ClusterError when a
-        shard is dead and there is no complete checkpoint to go back to.
-        """
-        noticed = time.time()
-        self.nodes.recover(self, seen, noticed)
-        moved = self.take_moved()  # by this call or a worker's death before it
-        if moved is not None:
-            return moved
-        dead, newest = self.ping_shards()
-        if not dead:
-            return ShardsBack(client)  # the failure passed (a slow answer): ask again
-        # The ping may have waited until Ray declared the shard's node dead.
-        if not self.nodes.recover(self, max(seen, newest), noticed):
-            self._recover_shards_or_node(dead, max(seen, newest), noticed)
-        return self.take_moved() or ShardsBack(client)
-
-    def shards_moved(self, version: int, replaced) -> None:
-        """Note for the watch loop that every shard went back to checkpoint
-        `version` and the shards `replaced` serve at new addresses."""
-        earlier = self._moved[1] if self._moved else ()
-        self._moved = (version, tuple(sorted({*earlier, *replaced})))
-
-    def take_moved(self) -> ShardsBack | None:
-        """The shards' recoveries since the last call (by a dead shard, a dead
-        worker's or a lost node's): the checkpoint gone back to last, every
-        shard replaced and a client to where they are now; None if none."""
-        if self._moved is None:
-            return None
-        (version, replaced), self._moved = self._moved, None
-        return ShardsBack(self.job.client(), version, replaced)
+    def behind(self, reports) -> tuple[int, ...]:
+        """The ranks of `reports` (WorkerReports of ended runs) that ended before
+        the latest rollback: the steps made again need them (a worker lost with
+        its node does not)."""
+        lost = self.job.placements.lost_ranks()
+        return tuple(r.rank for r in reports
+                     if r.generation < self.generation and r.rank not in lost)
 
     def log_since(self, seen: int) -> int:
         """Where the watch loop reads shard 0's update log from: after `seen`,
@@ -155,61 +153,58 @@ class Supervisor:
                     self.recoveries[i] = dataclasses.replace(
                         recovery, first_update_s=first.applied_at_s - recovery.noticed_at_s)
 
-    def worker_lost(self, rank: int, seen: int):
-        """Worker `rank`'s actor died: set a replacement up in its place, start
-        it where the shards say (rolling every shard back if its last push
-        reached only some of them) and return its `run` call's ObjectRef;
-        None when its node was lost (it is not replaced).
+    # -- the three recoveries ----------------------------------------------------
 
-        Blocks until the replacement is set up. Raises ClusterError when a
-        rollback is needed and there is no complete checkpoint.
-        """
-        noticed = time.time()
-        job = self.job
-        if rank not in job.lost_ranks:
-            self.nodes.recover(self, seen, noticed)  # its node may have gone with it
-        if rank in job.lost_ranks:
-            return None  # lost with its node: the others took over its rows
-        try:
-            spare = job.replace_worker(rank)
-        except ActorDied:  # its node died too, and Ray said so after the worker's death
-            if not self.nodes.recover(self, seen, noticed):
-                raise
+    def _replace_worker(self, rank: int, seen: int):
+        """Worker `rank`'s actor died: a replacement takes its rank and starts
+        where the shards say; returns its `run` call's ObjectRef, or None when
+        its node was lost (the others took its rows over)."""
+        noticed, job = time.time(), self.job
+        if rank not in job.placements.lost_ranks():
+            self._recover_lost_nodes(seen, noticed)  # its node may have gone with it
+        if rank in job.placements.lost_ranks():
             return None
-        dead, newest = self.ping_shards()
+        placed = self._unless_node_lost(lambda: job.replace_worker(rank), seen, noticed)
+        if placed is None:
+            return None
+        dead, newest = self._ping_shards()
         seen = max(seen, newest)
         if dead:  # a shard died too: its recovery takes every worker back
-            start = self._recover_shards_or_node(dead, seen, noticed)
-            rolled_back = True
+            start = self._unless_node_lost(lambda: self._replace_shards(dead, seen, noticed),
+                                           seen, noticed)
+            start, rolled_back = self._redirect.version if start is None else start, True
         else:
-            key = 0 if job.config.mode.aggregates else 1  # sync: last step; else: clock
-            positions = job.worker_positions(rank)
-            rolled_back = len({p[key] for p in positions}) > 1
-            if rolled_back:
-                start = self._latest_checkpoint(
-                    f"worker {rank} died in the middle of a push at version {seen}")
-                log.warning("worker %d died half-way through a push; every shard goes back "
-                            "to checkpoint %d", rank, start)
-                self._roll_back(start)
-            else:
-                last_step, clock = positions[0]
-                start = last_step + 1
-        steps = job.resumed_data_steps() if rolled_back else None
-        data_step = steps[rank] if steps else (None if job.config.mode.aggregates else clock)
-        ref = job.workers[rank].run.remote(start, data_step, self.generation)
-        self.recoveries.append(Recovery("worker", rank, seen, start,
-                                        max(seen - start, 0) if rolled_back else 0,
-                                        noticed, time.time() - noticed, spare=spare))
-        return ref
+            start, data_step, rolled_back = self._where_to_start(rank, seen)
+        if rolled_back:
+            steps = job.resumed_data_steps()
+            data_step = steps[rank] if steps else None
+        self.recoveries.append(Recovery(
+            "worker", rank, seen, start, max(seen - start, 0) if rolled_back else 0, noticed,
+            time.time() - noticed, spare=placed.spare is not None))
+        return job.workers[rank].run.remote(start, data_step, self.generation)
 
-    def run_again(self, rank: int):
-        """Worker `rank`'s `run` ended without going on from the latest rollback
-        (its WorkerReport's generation is older): start it
-        again from the rollback's version (in a replacement if its actor is
-        dead) and return the call's ObjectRef; None when its node was lost
-        meanwhile (the others take its rows over from the node's recovery).
-        Blocks until it is started."""
-        job, target = self.job, self.last_redirect
+    def _where_to_start(self, rank: int, seen: int) -> tuple[int, int | None, bool]:
+        """(start step, data step, rolled back) for worker `rank`'s replacement,
+        from the shards' exactly-once tables: the next push if its last one
+        reached every shard or none, else every shard back to a checkpoint."""
+        sync = self.job.config.mode.aggregates
+        positions = self.job.worker_positions(rank)  # per shard: (last step, clock)
+        if len({p[0 if sync else 1] for p in positions}) == 1:
+            last_step, clock = positions[0]
+            return last_step + 1, None if sync else clock, False
+        start = self._latest_checkpoint(
+            f"worker {rank} died in the middle of a push at version {seen}")
+        log.warning("worker %d died half-way through a push; every shard goes back "
+                    "to checkpoint %d", rank, start)
+        self._roll_back(start)
+        return start, None, True
+
+    def _run_again(self, rank: int):
+        """Worker `rank`'s run ended under an older generation: start it again
+        from the latest rollback's version (in a replacement if its actor is
+        gone) and return the call's ObjectRef; None when its node was lost
+        meanwhile (the others take its rows over from the node's recovery)."""
+        job, target = self.job, self._redirect
         try:
             ray.get(job.workers[rank].progress.remote(), timeout=PING_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
@@ -217,29 +212,35 @@ class Supervisor:
             log.warning("worker %d, whose run had ended, is gone: a new one takes its rank",
                         rank)
             ray.kill(job.workers[rank])
-            try:
-                spare = job.replace_worker(rank)
-            except ActorDied:  # its bundle's node is lost, and the rank with it
-                if not self.nodes.recover(self, target.version, noticed):
-                    raise
+            placed = self._unless_node_lost(lambda: job.replace_worker(rank), target.version,
+                                            noticed)
+            if placed is None:
                 return None
             self.recoveries.append(Recovery("worker", rank, target.version, target.version, 0,
-                                            noticed, time.time() - noticed, spare=spare))
+                                            noticed, time.time() - noticed,
+                                            spare=placed.spare is not None))
         data_step = target.data_steps[rank] if target.data_steps else None
         return job.workers[rank].run.remote(target.version, data_step, self.generation)
 
-    def _recover_shards_or_node(self, dead: list[int], seen: int, noticed: float) -> int:
-        """`_recover_shards`, or, when a replacement's bundle turns out to be on
-        a lost node (Ray reported the shard's death before its node's), that
-        node's recovery; returns the checkpoint every shard went back to."""
-        try:
-            return self._recover_shards(dead, seen, noticed)
-        except ActorDied:
-            if not self.nodes.recover(self, seen, noticed):
-                raise
-            return self.last_redirect.version
+    def _recover_shards(self, seen: int) -> None:
+        """The watch loop's call to the shards failed: a lost node's recovery,
+        or dead shards replaced from the latest complete checkpoint; nothing
+        if every shard answers a ping (the failure passed: a slow answer)."""
+        noticed = time.time()
+        if self._recover_lost_nodes(seen, noticed):
+            return
+        dead, newest = self._ping_shards()
+        if not dead:
+            return
+        seen = max(seen, newest)
+        # The ping may have waited until Ray declared the shard's node dead.
+        if not self._recover_lost_nodes(seen, noticed):
+            self._unless_node_lost(lambda: self._replace_shards(dead, seen, noticed), seen,
+                                   noticed)
 
-    def _recover_shards(self, dead: list[int], seen: int, noticed: float) -> int:
+    # -- what they share -----------------------------------------------------------
+
+    def _replace_shards(self, dead: list[int], seen: int, noticed: float) -> int:
         """Dead shards replaced from the latest complete checkpoint, every other
         rolled back to it, the workers redirected; returns its version."""
         version = self._latest_checkpoint(f"shard(s) {dead} died at version {seen}")
@@ -251,8 +252,68 @@ class Supervisor:
         seconds = time.time() - noticed
         self.recoveries += [Recovery("ps", k, seen, version, max(seen - version, 0), noticed,
                                      seconds) for k in dead]
-        self.shards_moved(version, dead)
+        self._moves.add(version, dead)
         return version
+
+    def _recover_lost_nodes(self, seen: int, noticed: float) -> bool:
+        """If Ray counts a node of the job dead that was not recovered from yet:
+        its shards start on a survivor, its workers' rows go to the others,
+        every shard goes back to the latest complete checkpoint; returns True.
+        Raises ClusterError when the run cannot go on without the node."""
+        lost = self._losses.find(alive_node_ids())
+        if lost is None:
+            return False
+        job = self.job
+        version = self._latest_checkpoint(f"{lost} at version {seen}")
+        log.warning("%s at version %d; the job goes on from checkpoint %d with workers %s",
+                    lost, seen, version, list(lost.live))
+        job.placements.mark_lost(lost.ranks)  # kept in placement.json, marked
+        for k in lost.shards:
+            job.replace_shard(k, version, node_id=job.surviving_node(), rows=lost.rows)
+        self._roll_back(version, skip=lost.shards, rows=lost.rows,
+                        ranks=lost.live if lost.rows else None)
+        self.recoveries += lost.recoveries(seen, version, noticed, time.time() - noticed)
+        self._moves.add(version, lost.shards)
+        return True
+
+    def _unless_node_lost(self, start: Callable[[], T], seen: int, noticed: float) -> T | None:
+        """`start()`, which sets a new actor up in a placement bundle; when it
+        fails with ActorDied because that bundle's node was lost (Ray declared
+        the node dead only after it reported the death being recovered from),
+        that node's recovery instead, and None. An ActorDied that no lost
+        node explains is raised."""
+        try:
+            return start()
+        except ActorDied:
+            if not self._recover_lost_nodes(seen, noticed):
+                raise
+            return None
+
+    def _roll_back(self, version: int, skip: tuple[int, ...] = (), rows: dict | None = None,
+                   ranks: tuple[int, ...] | None = None) -> None:
+        """Every shard but `skip` to checkpoint `version` (with `rows`: the split
+        of each global batch over `ranks` after a node loss), then a new
+        generation: every worker redirected there (async/ssp: each with its
+        clock in the checkpoint)."""
+        job = self.job
+        job.rollback_shards(version, skip, rows)
+        self._redirect = Redirect(self.generation + 1, tuple(job.addresses), version,
+                                  job.resumed_data_steps(), ranks=ranks)
+        job.redirect_workers(self._redirect)
+
+    def _ping_shards(self) -> tuple[list[int], int]:
+        """(indices of the shards whose actor is dead, the highest version a live one holds)."""
+        pings = [s.ping.remote() for s in self.job.shards]
+        ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
+        dead, newest = [], 0
+        for k, ping in enumerate(pings):
+            try:
+                newest = max(newest, ray.get(ping, timeout=0))
+            except ray.exceptions.RayActorError:
+                dead.append(k)
+            except ray.exceptions.GetTimeoutError:
+                pass  # alive but slow to answer: not dead
+        return dead, newest
 
     def _latest_checkpoint(self, what: str) -> int:
         job = self.job
@@ -260,13 +321,3 @@ class Supervisor:
             return latest_checkpoint(job.config, job.run_dir)
         except CheckpointError as err:
             raise ClusterError(f"{what}: {err}") from None
-
-    def _roll_back(self, version: int, skip: tuple[int, ...] = ()) -> None:
-        """Every shard but `skip` to checkpoint `version`, then every worker
-        redirected there (async/ssp: each with its clock in the checkpoint)."""
-        job = self.job
-        job.rollback_shards(version, skip)
-        self.generation += 1
-        self.last_redirect = Redirect(self.generation, tuple(job.addresses), version,
-                                      job.resumed_data_steps())
-        job.redirect_workers(self.last_redirect)

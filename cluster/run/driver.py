@@ -218,7 +218,7 @@ def observe(job: Job) -> Observers:
     return Observers([
         TensorBoard(job.run_dir),
         RayMetrics(run=os.path.basename(os.path.abspath(job.run_dir))),
-        WorkersFile(job.run_dir, job.records),
+        WorkersFile(job.run_dir, job.placements),
     ])
 
 
@@ -440,7 +440,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         pushes_after_end=[c.pushes_after_end for c in counters],
         gate_waits=[c.gate_waits for c in counters],
         evals=evals,
-        placement=job.records,
+        placement=job.placements.to_json(),
         placement_group=job.reservation.summary(),
         train_started_at_s=trained.train_started_at_s,
         towers=[{"rank": r, "towers": t} for r, t in enumerate(trained.towers)],

@@ -14,17 +14,17 @@ call from any phase, so a caller that must end a run early (an interrupt,
 a failed supervisor) only has to reach it.
 
 With checkpoints, `Job.run` watches under a Supervisor (cluster/recovery/supervisor.py),
-which brings dead actors back through `replace_shard`, `rollback_shards`
-and `redirect_workers`; `placement.json` in the run directory always says
-where every actor runs now (node, pid, address).
+which brings dead actors back through `replace_shard`, `replace_worker`,
+`rollback_shards` and `redirect_workers`: the job's hands, which start and
+stop actors but decide nothing. `Job.placements` (cluster/run/placements.py)
+is where every actor runs now (node, pid, address), as `placement.json` in
+the run directory and summary.json's `placement` show it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 import time
 from dataclasses import dataclass
 
@@ -37,11 +37,13 @@ from towerps.cluster.recovery.checkpoint_plan import CheckpointPlan, start_sink
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.recovery.liveness import Heartbeat
 from towerps.cluster.run.monitor import WatchResult, watch
+from towerps.cluster.run.placements import PLACEMENT_FILE, Placement, Placements, read_placement
+from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
 from towerps.cluster.run.reservation import Reservation, reserve
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
 from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
-from towerps.errors import ActorDied, ActorFailed, ClusterError, TowerpsError
+from towerps.errors import ClusterError
 from towerps.ps.checkpoint import ShardState
 from towerps.ps.optimizers import KerasState, OptimizerSpec
 from towerps.ps.placement import PlacementPlan
@@ -52,8 +54,6 @@ from towerps.workers.faults import Faults
 
 FINAL_PULL_TIMEOUT_S = 60.0
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
-PLACEMENT_FILE = "placement.json"  # where every actor of the run is now
-BUNDLE_CHECK_S = 1.0  # how often a starting replacement asks whether its bundle's node is lost
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +100,8 @@ class Job:
         ]
         self.addresses: tuple[str, ...] = ()
         self.security: JobSecurity | None = None
-        self.records: list[dict] = []  # where each shard and worker landed (summary "placement")
+        # Where each shard, worker and spare runs now (placement.json).
+        self.placements = Placements(os.path.join(run_dir, PLACEMENT_FILE))
         self.checkpoints = CheckpointPlan.for_job(config, run_dir)  # None: none taken
         self.sink = None  # the actor that writes parts on the driver's node
         self.resume_version: int | None = None  # started from this checkpoint
@@ -110,7 +111,6 @@ class Job:
         self.optimizer: OptimizerSpec | None = None  # what the shards run; set by start()
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
         self.spares: Spares | None = None  # warm workers that take a dead one's rank
-        self.lost_ranks: set[int] = set()  # workers whose node was lost; not replaced
         self._off_group: set[int] = set()  # shards started outside the group (node lost)
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
         # The same-node transport's segments are named by this (src/towerps/shm.py).
@@ -171,7 +171,7 @@ class Job:
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
-        self.records += records
+        self.placements.put(*map(Placement.reported, records))
 
     def _setup_workers(self, payload: Payload) -> None:
         c, user = self.config, payload.user
@@ -189,17 +189,18 @@ class Job:
         refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r))
                 for r, w in enumerate(self.workers)]
         if c.spare_workers:  # warmed beside the workers: their set-up, not yet a rank
-            self.spares = Spares(self, SpareSetup(worker_spec(c, 0, clip),
-                                                  self._replacement_job(), inputs[0]))
+            self.spares = Spares(self.reservation, self.placements,
+                                 SpareSetup(worker_spec(c, 0, clip), self._replacement_job(),
+                                            inputs[0]), c.verbose)
         spare_records = self.spares.start() if self.spares else []
-        self.records += get(refs) + spare_records
-        self.reservation.record(self.records)  # logs where each landed
-        self._write_placement()
+        shards = [p.to_json() for p in self.placements if p.role == "ps"]
+        # Each with its bundle; logs where each landed.
+        records = self.reservation.record(shards + get(refs) + spare_records)
+        self.placements.put(*map(Placement.reported, records))
 
     def _shard_nodes(self) -> list[str]:
         """Each shard's Ray node id, by index (from where they landed)."""
-        nodes = {r["index"]: r["node_id"] for r in self.records if r["role"] == "ps"}
-        return [nodes[k] for k in range(self.config.num_ps)]
+        return self.placements.shard_nodes(self.config.num_ps)
 
     def run(self, progress: bool | None = None, observer=None, stop=None) -> Trained:
         """Run every worker to the end, watching; then pull the final parameters.
@@ -213,9 +214,7 @@ class Job:
             start = self.resume_version or 0
             runs = [w.run.remote(start, data_step) for w, data_step
                     in zip(self.workers, self._data_steps())]
-            watched = watch(self.config, runs, self.shards, client, self.run_dir,
-                            t_train, progress, get, start=start, workers=self.workers,
-                            observer=observer, stop=stop, supervisor=self.supervisor,
+            watched = watch(self, runs, client, t_train, progress, observer, stop,
                             heartbeat=Heartbeat(self))
             wall_s = time.time() - t_train
         # A recovery may have moved a shard: a client to where they are now.
@@ -238,7 +237,8 @@ class Job:
 
     def _towers(self) -> list[list[dict]]:
         """Each worker's towers by rank; [] for a worker lost with its node."""
-        live = [r for r in range(len(self.workers)) if r not in self.lost_ranks]
+        lost = self.placements.lost_ranks()
+        live = [r for r in range(len(self.workers)) if r not in lost]
         found = dict(zip(live, get([self.workers[r].towers.remote() for r in live])))
         return [found.get(r, []) for r in range(len(self.workers))]
 
@@ -281,9 +281,7 @@ class Job:
         if rows is not None:  # before any worker learns its address
             get([actor.set_workers.remote(rows)])
         self.addresses = (*self.addresses[:k], record["address"], *self.addresses[k + 1:])
-        self.records = [r for r in self.records if (r["role"], r["index"]) != ("ps", k)]
-        self.records.append(record)
-        self._write_placement()
+        self.placements.put(Placement.reported(record))
         write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
                            self.addresses, self.security)
 
@@ -295,11 +293,13 @@ class Job:
                                    shard_nodes=tuple(self._shard_nodes()),
                                    faults=job.faults.for_replacement())
 
-    def replace_worker(self, rank: int) -> bool:
+    def replace_worker(self, rank: int) -> Placement:
         """Dead worker `rank`'s rank to a warm spare (cluster/recovery/spares.py), or, with
         none left, to a new actor in its placement bundle set up like the first;
         blocks until it is ready (a cold one imports TensorFlow and builds its
-        model: seconds). It does not run yet. Returns whether a spare took it."""
+        model: seconds). It does not run yet. Returns where it runs (`spare`
+        set when a spare took the rank). Raises ActorDied when its bundle's
+        node is lost while it starts."""
         _, inputs, clip, streamed = self._worker_setup
         if streamed:
             raise ClusterError(f"worker {rank} died, and a worker fed by a Ray Data stream "
@@ -318,10 +318,9 @@ class Job:
                 actor.setup.remote(spec, job, inputs[rank], self.security.worker(rank)),
                 actor, self.reservation, self.reservation.worker_bundle(rank),
                 f"worker {rank}'s replacement")
-        self.records = [r for r in self.records if (r["role"], r["index"]) != ("worker", rank)]
-        self.records.append(record)
-        self._write_placement()
-        return bool(taken)
+        placed = Placement.reported(record)
+        self.placements.put(placed)
+        return placed
 
     def worker_positions(self, rank: int) -> list[tuple[int, int]]:
         """Per shard: worker `rank`'s latest step pushed there and its clock."""
@@ -337,32 +336,10 @@ class Job:
         # up is still on its way from them, so none can complete a checkpoint.
         self.checkpoints.driver_store().discard_after(version)
 
-    def lost_nodes(self) -> dict[str, str]:
-        """The nodes this job's actors run on that Ray no longer counts alive: id -> IP.
-
-        Ray marks a node dead after its health checks fail (tens of seconds
-        by default); its actors are dead from then on. Not alive rather than
-        dead: for a moment a dying node is in neither of Ray's lists."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return {r["node_id"]: r["node_ip"] for r in self.records if r["node_id"] not in alive}
-
-    def actors_on(self, node_ids) -> tuple[list[int], list[int]]:
-        """(shard indices, worker ranks) whose actors run on `node_ids`."""
-        found = [r for r in self.records if r["node_id"] in node_ids]
-        return (sorted(r["index"] for r in found if r["role"] == "ps"),
-                sorted(r["index"] for r in found if r["role"] == "worker"))
-
     def surviving_node(self) -> str:
         """The alive node (id) to start a lost node's shard on: of those this
         job's live actors run on, the one with the fewest shards."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        count: dict[str, int] = {}
-        for r in self.records:
-            if r["node_id"] in alive:
-                count[r["node_id"]] = count.get(r["node_id"], 0) + (r["role"] == "ps")
-        if not count:
-            raise ClusterError("every node this job ran on was lost; nothing can go on")
-        return min(sorted(count), key=count.get)
+        return self.placements.fewest_shards(alive_node_ids())
 
     def resumed_data_steps(self) -> tuple[int, ...] | None:
         """Async/ssp, after a restore: each rank's clock in the checkpoint (the
@@ -378,22 +355,13 @@ class Job:
         through shared memory. A worker that died meanwhile is skipped: its
         own replacement starts where the shards are."""
         target = dataclasses.replace(target, shard_nodes=tuple(self._shard_nodes()))
+        shared = {}
         for rank, worker in enumerate(self.workers):
             try:
-                shared = ray.get(worker.redirect.remote(target), timeout=REDIRECT_TIMEOUT_S)
+                shared[rank] = ray.get(worker.redirect.remote(target), timeout=REDIRECT_TIMEOUT_S)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 continue  # dead, or as good as: the watch loop's heartbeat replaces it
-            for record in self.records:
-                if (record["role"], record["index"]) == ("worker", rank):
-                    record["same_node_shards"] = shared
-        self._write_placement()
-
-    def _write_placement(self) -> None:
-        """placement.json: where every actor runs now (role, index, node, pid, address)."""
-        path = os.path.join(self.run_dir, PLACEMENT_FILE)
-        with open(path + ".part", "w") as f:
-            json.dump(self.records, f, indent=2)
-        os.replace(path + ".part", path)
+        self.placements.set_same_node_shards(shared)
 
     def stop(self) -> None:
         """Kill the workers, stop the shards (waking their waiting calls) and kill
@@ -438,57 +406,12 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
     )
 
 
-def get(refs: list) -> list:
-    """ray.get that re-raises a towerps error from an actor as itself, and
-    any other error raised in an actor (the user's model, loss or data, say)
-    as an ActorFailed naming it and where it was raised: one line for the
-    user, whatever Ray's own logs show."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as err:
-        if isinstance(err.cause, TowerpsError):
-            raise err.cause from None
-        raise ActorFailed(_one_line(err)) from err
-    except ray.exceptions.RayActorError as err:
-        raise ActorDied(f"an actor of this job died: {err}") from None
-
-
-def get_in_bundle(ref, actor, reservation: Reservation, bundle: int, what: str):
-    """get([ref])[0] for a call to a new `actor` asked into placement `bundle`:
-    while it waits, an ActorDied (the actor killed) as soon as the bundle's
-    node is lost. A replacement asked in just before Ray declares its node
-    dead may otherwise wait for the bundle for ever."""
-    while not ray.wait([ref], timeout=BUNDLE_CHECK_S)[0]:
-        if reservation.bundle_lost(bundle):
-            ray.kill(actor)
-            raise ActorDied(f"{what}: its placement bundle's node was lost while it started")
-    return get([ref])[0]
-
-
-def _one_line(err: ray.exceptions.RayTaskError) -> str:
-    """`WorkerActor.setup raised RuntimeError: ... (at tests/models/own.py, line 60,
-    in fails_in_workers)`: the call, the error, and the innermost frame of
-    the actor's traceback (the user's code, when the user's code raised)."""
-    text = str(err)
-    call = re.search(r"ray::([\w.]+)\(", text)  # Ray's first line names the call
-    frames = [line.strip() for line in text.splitlines() if line.strip().startswith('File "')]
-    at = " (at " + frames[-1].removeprefix("File ").replace('"', "") + ")" if frames else ""
-    cause = err.cause
-    what = f"{type(cause).__name__}: {cause}" if cause is not None else text.splitlines()[0]
-    return f"{call.group(1) if call else 'an actor'} raised {what}{at}"
-
-
 def sweep_earlier_runs(run_dir: str) -> list[str]:
     """Remove the shared-memory segments, on this node, of the run directory's
     earlier runs (placement.json names their prefixes): a driver killed with
     SIGKILL never swept them, and each resumed run has a prefix of its own.
     Segments on other nodes go when those nodes' /dev/shm is cleared."""
-    try:
-        with open(os.path.join(run_dir, PLACEMENT_FILE)) as f:
-            records = json.load(f)
-    except (OSError, ValueError):
-        return []
-    prefixes = {r.get("segment_prefix") for r in records if isinstance(r, dict)}
+    prefixes = {r.get("segment_prefix") for r in read_placement(run_dir)}
     return [name for prefix in sorted(p for p in prefixes if p) for name in sweep(prefix)]
 
 

@@ -1,41 +1,38 @@
-"""Watching a run: the workers, the shards' update log, metrics.jsonl, the time budget.
+"""Watching a run: poll it, let the policy decide, act; until every worker is done.
 
-    result = watch(config, runs, shards, client, run_dir, t_train, progress, get, start=0)
+    result = watch(job, runs, client, t_train, progress, observer, stop, heartbeat)
 
-While the workers run, the driver polls shard 0's update log (every shard
-makes every update; shard 0's records carry the loss, examples and staleness
-of each one) for the progress bar and `metrics.jsonl`; a worker that fails
-raises here at once. With `budget_s`, once the budget is spent the shards
-are told to end at the next version (`Shard.end_at`); the workers see the
-end in their next pull and stop. With `eval_points`, parameter snapshots
-are taken along the way (cluster/observe/evals.py) for the test-accuracy curve.
+The loop is three lines:
 
-A metrics record covers the updates since the previous one: one every
-`log_every` global batches of examples (log_every updates in sync,
-log_every * num_workers pushes in async/ssp), and one at the end.
+    status = self.poll()                     # the workers' runs, then shard 0's log
+    decision = self.policy.decide(status)    # cluster/recovery/policy.py
+    self.act(decision, status)               # count, end the run, recover, or fail
 
-With a supervisor (cluster/recovery/supervisor.py; a job that takes checkpoints), a
-failed status call asks it to bring dead shards back; a worker whose
-process died is replaced, and watching goes on with the replacement's `run`
-call; a worker whose run had ended before a rollback runs again from its
-version. Whichever death brought shards back (a shard's, a worker's found
-with a dead shard, a node's), watching goes on with a client to where the
-shards are now. A worker's death is known from its `run` call failing, or,
-if Ray is late to report it, from cluster/recovery/liveness.py. After a rollback the
-shards make the rolled-back versions again; the log is counted after the
-newest version already seen, so no step is counted twice (a replaced shard
-0, whose log starts at the checkpoint, has its missing records read from a
-shard rolled back to it). While a recovery waits for its first update the
-log is read from the recovery's version, to time it (Recovery.first_update_s).
+The poll waits up to POLL_S for the workers' `run` calls, then reads shard
+0's update log (every shard makes every update; shard 0's records carry the
+loss, examples and staleness of each one), and reports what it found as one
+typed Status. The act counts the log's records into the progress bar and
+metrics.jsonl through the ledger (cluster/recovery/ledger.py, which counts
+each version once, whatever recoveries replay), hands the workers' and
+shards' figures to the observers about every REPORT_S, takes parameter
+snapshots for the test-accuracy curve (cluster/observe/evals.py), and,
+once a time budget is spent or a signal asks the run to stop, tells the
+shards to end at their next version (`Shard.end_at`); the workers see the
+end in their next pull and stop.
+
+A job that takes checkpoints has a supervisor (cluster/recovery/supervisor.py):
+the policy hands it a dead worker, a failed status call, or a run that
+ended before a rollback, and the loop follows what it did (the replacement's
+`run` call; shards gone back to a checkpoint, at new addresses). Without
+one, the first death fails the run. What recovery guarantees is written
+down in cluster/recovery/__init__.py.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
@@ -43,10 +40,14 @@ from tqdm import tqdm
 
 from towerps.cluster.observe.evals import Snapshot, Snapshots
 from towerps.cluster.observe.observers import Observer
+from towerps.cluster.recovery.ledger import Counting, Ledger, examples_at
+from towerps.cluster.recovery.policy import (RECOVERING, Action, Decision, Event,
+                                             RecoveryPolicy, Status)
+from towerps.cluster.run.remote import get
 from towerps.errors import ActorDied, ClusterError, ShardUnavailable
 
-POLL_S = 0.25  # how often the driver reads the update log while workers run
-REPORT_S = 1.0  # how often it asks the workers for their figures
+POLL_S = 0.25  # how long a poll waits for the workers' runs before reading the log
+REPORT_S = 1.0  # how often the workers are asked for their figures
 
 
 @dataclass
@@ -56,17 +57,15 @@ class WatchResult:
     snapshots: list[Snapshot]  # parameters along the way (empty without eval_points)
     ended_early: bool  # the time budget or a signal ended the run before --steps
     interrupted: bool = False  # a signal (SIGINT/SIGTERM) asked the run to stop
-    # The versions the driver counted examples at, in order: the run's start
-    # (a resume's checkpoint, else 0), shard 0's updates, the end of each gap
-    # a recovery counted without records; and the examples up to each.
+    # The versions the driver counted examples at, in order (the ledger's),
+    # and the examples up to each.
     versions: list[int] = field(default_factory=list)
     examples: list[int] = field(default_factory=list)
 
     def examples_at(self, version: int) -> int:
         """Training examples applied by shard 0 up to and including `version`,
         from step 0 (a resumed run counts the steps before its checkpoint)."""
-        i = bisect.bisect_right(self.versions, version)
-        return self.examples[i - 1] if i else 0
+        return examples_at(self.versions, self.examples, version)
 
     def examples_this_run(self, version: int) -> int:
         """Training examples applied up to `version` since this run started: a
@@ -74,23 +73,217 @@ class WatchResult:
         return self.examples_at(version) - (self.examples[0] if self.examples else 0)
 
 
-class _Window:
-    """The updates since the last metrics record."""
+def watch(job, runs: list, client, t_train: float, progress: bool | None = None,
+          observer: Observer | None = None, stop=None, heartbeat=None) -> WatchResult:
+    """Watch `job` (cluster/run/job.py's Job) until every worker's run (`runs`:
+    their `run` calls' ObjectRefs, by rank) is done; blocks until then.
 
-    def __init__(self, t_start: float):
-        self.t_start = t_start
-        self.updates = self.examples = self.staleness_sum = self.staleness_max = 0
-        self.loss_sum = 0.0
-        self.histogram: list[int] = []  # [s]: updates with staleness s
+    `client` reads the shards' status. The run starts at `job.resume_version`
+    (a resume: metrics.jsonl keeps its records up to there). `observer` sees
+    each metrics record and the figures; `stop` (a StopRequest) ends the run
+    at the next version once requested, as a spent time budget does;
+    `heartbeat` (cluster/recovery/liveness.py) judges running workers dead
+    without waiting for Ray. A failure the policy does not recover raises
+    here (a worker's own error, or any death without `job.supervisor`).
+    """
+    return _Watch(job, runs, client, t_train, observer or Observer(), stop, heartbeat).run(progress)
 
-    def add(self, record) -> None:
-        self.updates += 1
-        self.examples += record.num_examples
-        self.loss_sum += record.loss * record.num_examples
-        self.staleness_sum += record.staleness
-        self.staleness_max = max(self.staleness_max, record.staleness)
-        self.histogram.extend([0] * (record.staleness + 1 - len(self.histogram)))
-        self.histogram[record.staleness] += 1
+
+class _Watch:
+    """One run's watch loop: its state, the poll and the act. Not thread-safe."""
+
+    def __init__(self, job, runs: list, client, t_train: float, observer: Observer, stop,
+                 heartbeat):
+        self.job, self.config, self.t_train = job, job.config, t_train
+        self.supervisor = job.supervisor  # None: the job takes no checkpoints
+        self.policy = RecoveryPolicy(recovers=self.supervisor is not None)
+        self.observer, self.stop, self.heartbeat = observer, stop, heartbeat
+        self.runs = _Runs(runs)
+        self.client = client  # to where the shards are now
+        self.opened: list = []  # clients made after recoveries, closed at the end
+        self.ledger = Ledger(_counting(job.config, client, job.resume_version or 0, t_train))
+        self.figures = _WorkerPoll(job.workers)
+        eval_points = job.config.eval_points
+        self.snapshots = Snapshots(eval_points) if eval_points else None
+        self.replies: list = []  # every shard's latest StatusReply
+        self.ending = self.interrupted = False  # the shards were told to end; by a signal
+        self.bar = self.metrics = None  # set while run() runs
+
+    def run(self, progress: bool | None) -> WatchResult:
+        c, ledger = self.config, self.ledger
+        path = os.path.join(self.job.run_dir, "metrics.jsonl")
+        kept = _records_up_to(path, ledger.seen) if ledger.seen else []
+        self.bar = tqdm(total=None if c.budget_s is not None else ledger.target,
+                        initial=ledger.seen, unit="update",
+                        disable=None if progress is None else not progress)
+        try:
+            with self.bar, open(path, "w") as self.metrics:
+                self.metrics.writelines(json.dumps(r) + "\n" for r in kept)
+                while True:
+                    status = self.poll()
+                    decision = self.policy.decide(status)
+                    if not self.act(decision, status):
+                        break
+                self._write(ledger.close(self.replies[0].pushes_dropped))
+        finally:
+            for extra in self.opened:
+                extra.close()
+        if not ledger.ended_early and ledger.seen < ledger.target:
+            raise ClusterError(f"every worker finished but the shards reached only version "
+                               f"{ledger.seen} of {ledger.target}")
+        reports = self.runs.reports()
+        self.observer.workers(ledger.seen, reports)
+        self.observer.shards(ledger.seen, self.replies)
+        return WatchResult(reports, ledger.entries,
+                           self.snapshots.items if self.snapshots is not None else [],
+                           ledger.ended_early, self.interrupted, ledger.versions,
+                           ledger.examples)
+
+    def poll(self) -> Status:
+        """What the run is doing now: the first finding of policy.py's list that
+        holds. Blocks up to POLL_S while runs are under way."""
+        failed = self.runs.wait(self.heartbeat)
+        if failed is not None:
+            return failed
+        if self.supervisor is not None:
+            behind = self.supervisor.behind(self.runs.reports())
+            if behind:
+                return Status(Event.RUNS_BEHIND, behind)
+        seen = self.ledger.seen
+        since = seen if self.supervisor is None else self.supervisor.log_since(seen)
+        try:
+            replies = self.client.status(since_version=since, logs_of=(0,))  # only its log
+        except ShardUnavailable as err:
+            return Status(Event.SHARDS_FAILED, error=err)
+        if not self.runs.pending:
+            return Status(Event.FINISHED, replies=replies)
+        if not self.ending and self.stop is not None and self.stop.requested:
+            return Status(Event.STOP_REQUESTED, replies=replies)
+        budget_s = self.config.budget_s
+        if not self.ending and budget_s is not None and time.time() - self.t_train >= budget_s:
+            return Status(Event.BUDGET_SPENT, replies=replies)
+        return Status(Event.PROGRESSING, replies=replies)
+
+    def act(self, decision: Decision, status: Status) -> bool:
+        """Carry `decision` out; False once the run is finished."""
+        action = decision.action
+        if action is Action.FAIL:
+            for rank in decision.ranks:
+                self.observer.lost(rank)
+            raise decision.error
+        if action in RECOVERING:
+            if action is Action.REPLACE_WORKERS:
+                for rank in decision.ranks:
+                    self.observer.lost(rank)
+            if action is Action.RUN_AGAIN:
+                self.runs.forget_ended(decision.ranks)
+            recovered = self.supervisor.recover(decision, self.ledger.seen)
+            self.runs.start(recovered.runs)
+            self._follow(recovered.back)
+            return True
+        self._count(status.replies)
+        if action is Action.FINISH:
+            return False
+        self.figures.poll(self.ledger.seen, status.replies, self.observer)
+        if action is Action.END_RUN:
+            self._end(status)
+        self._snapshot()
+        return True
+
+    def _count(self, replies: list) -> None:
+        """Shard 0's update records in `replies`, into the ledger and metrics.jsonl."""
+        self.replies, log = replies, replies[0]
+        if self.supervisor is not None:
+            self.supervisor.updates_seen(log.steps)
+        for record in log.steps:
+            self._write(self.ledger.take(record, log.pushes_dropped))
+        self.bar.update(self.ledger.seen - self.bar.n)
+
+    def _follow(self, back) -> None:
+        """Shards went back to a checkpoint (`back`, a ShardsBack; None: none did):
+        watch them where they are now."""
+        if back is None:
+            return
+        self.client = back.client
+        self.opened.append(back.client)
+        if 0 in back.replaced and back.version > self.ledger.seen:
+            # A new shard 0 starts its update log after the checkpoint: a shard
+            # rolled back to it still has the records up to it (every shard
+            # logs every update); the updates no live shard has a record of
+            # count without one.
+            for record, dropped in _records_until(back, self.ledger.seen):
+                self._write(self.ledger.after_gap(record, dropped))
+            self.ledger.skip_to(back.version)
+            self.bar.update(self.ledger.seen - self.bar.n)
+
+    def _end(self, status: Status) -> None:
+        """End at the next version: a sync step under way completes."""
+        self.ending, self.interrupted = True, status.event is Event.STOP_REQUESTED
+        end = max(r.version for r in status.replies) + 1
+        self.ledger.end_at(get([s.end_at.remote(end) for s in self.job.shards])[0])
+
+    def _snapshot(self) -> None:
+        now = time.time() - self.t_train
+        if self.snapshots is not None and self.snapshots.due(now):
+            version, params = self.client.pull(min_version=0,
+                                               timeout_s=self.config.pull_timeout_s)
+            self.snapshots.add(version, time.time() - self.t_train, params)
+
+    def _write(self, entry: dict | None) -> None:
+        """A metrics record (None: none due) to metrics.jsonl, the observers and the bar."""
+        if entry is None:
+            return
+        self.metrics.write(json.dumps(entry) + "\n")
+        self.metrics.flush()  # on disk at once: a killed driver's --resume keeps it
+        self.observer.record(entry)
+        self.bar.set_postfix(loss=f"{entry['loss']:.4f}",
+                             ex_per_s=f"{entry['examples_per_s']:,.0f}")
+
+
+class _Runs:
+    """The workers' `run` calls: under way (ref -> rank) and ended (ref -> WorkerReport)."""
+
+    def __init__(self, refs: list):
+        self.pending = {ref: rank for rank, ref in enumerate(refs)}
+        self.ended: dict = {}
+
+    def wait(self, heartbeat) -> Status | None:
+        """Wait up to POLL_S for the runs under way, moving each ended one to
+        `ended`. A run that raised is WORKER_FAILED; the runs of workers whose
+        actor died (Ray's report, or `heartbeat`'s judgement: the actor is
+        killed) leave `pending` as WORKERS_DIED; else None."""
+        if not self.pending:
+            return None
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=POLL_S)
+        died, reported = [], None
+        for ref in ready:
+            rank = self.pending.pop(ref)
+            try:
+                self.ended[ref] = get([ref])[0]
+            except ActorDied as err:
+                died.append(rank)
+                reported = reported or err
+            except Exception as err:  # the worker's own error: the policy fails the run with it
+                return Status(Event.WORKER_FAILED, (rank,), err)
+        if heartbeat is not None:
+            silent = heartbeat.dead(self.pending.values())
+            for ref in [r for r, rank in self.pending.items() if rank in silent]:
+                died.append(self.pending.pop(ref))
+        return Status(Event.WORKERS_DIED, tuple(died), reported) if died else None
+
+    def start(self, runs: dict) -> None:
+        """New `run` calls (rank -> ObjectRef) under way."""
+        for rank, ref in runs.items():
+            self.pending[ref] = rank
+
+    def forget_ended(self, ranks) -> None:
+        """The ended runs of `ranks`, which run again."""
+        for ref in [r for r, report in self.ended.items() if report.rank in ranks]:
+            del self.ended[ref]
+
+    def reports(self) -> list:
+        """The ended runs' WorkerReports, by rank."""
+        return sorted(self.ended.values(), key=lambda r: r.rank)
 
 
 class _WorkerPoll:
@@ -110,7 +303,7 @@ class _WorkerPoll:
             try:
                 figures = [f for f in ray.get(self.refs) if f is not None]
             except ray.exceptions.RayError:
-                figures = []  # a worker died: its `run` reference raises in watch()
+                figures = []  # a worker died: the poll of its `run` call finds out
             self.refs = None
             observer.workers(version, figures)
             observer.shards(version, replies)
@@ -119,192 +312,14 @@ class _WorkerPoll:
             self.next_at = time.monotonic() + REPORT_S
 
 
-def watch(config, runs: list, shards, client, run_dir: str, t_train: float,
-          progress: bool | None, get: Callable[[list], list], start: int = 0,
-          workers: list = (), observer: Observer | None = None, stop=None,
-          supervisor=None, heartbeat=None) -> WatchResult:
-    """Wait for every worker's run (`runs`: their `run` calls' ObjectRefs, by
-    rank), logging the shards' updates as they apply.
-
-    `get` is ray.get that re-raises towerps errors. A failing worker raises
-    here at once; the caller stops the rest. Blocks until every worker is done.
-    `start` > 0 (resumed from a checkpoint of that version): metrics.jsonl
-    keeps its records up to `start` and goes on after them. `workers`: the
-    WorkerActors, asked for their figures.
-    `observer` (TensorBoard, metrics, the status file) sees each metrics
-    record, and the workers' and shards' figures about every REPORT_S.
-    `stop` (a StopRequest): once it is requested, the shards end the run at
-    their next version, as a spent time budget does. `supervisor`: brings
-    dead shards back instead of failing (see the module's docstring).
-    `heartbeat` (cluster/recovery/liveness.py): judges running workers dead without
-    waiting for Ray's report of their death.
-    """
-    observer = observer or Observer()
-    polls = _WorkerPoll(workers)
-    mode = config.mode
-    target = config.end_version
-    per_log = config.log_every * mode.updates_per_step(config.num_workers)
-    snapshots = Snapshots(config.eval_points) if config.eval_points else None
-    pending = {ref: rank for rank, ref in enumerate(runs)}
-    opened = []  # clients to the shards after a recovery, closed at the end
-    done: dict = {}
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    kept = _records_up_to(metrics_path, start) if start else []
-    # Examples before `start`: every update trains on batch / updates_per_step of them.
-    total = start * config.batch_size // mode.updates_per_step(config.num_workers)
-    result = WatchResult([], [], [], False, versions=[start], examples=[total])
-    window, seen = _Window(t_train), start
+def _counting(config, client, start: int, t_train: float) -> Counting:
+    """What the ledger counts by: the config's figures, and the bytes on the wire."""
+    per_step = config.mode.updates_per_step(config.num_workers)
     # Every worker pulls and pushes every parameter once per step.
     parameters = sum(s.nbytes for s in client.plan.slices) // 4
     wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
-    bar = tqdm(total=None if config.budget_s is not None else target, initial=start, unit="update",
-               disable=None if progress is None else not progress)
-    with bar, open(metrics_path, "w") as metrics:
-        metrics.writelines(json.dumps(r) + "\n" for r in kept)
-
-        def log(record, dropped: int) -> None:
-            nonlocal window
-            entry = {
-                "step": record.version,
-                "examples": total,
-                "loss": window.loss_sum / max(window.examples, 1),
-                "examples_per_s": window.examples / max(record.applied_at_s - window.t_start, 1e-9),
-                "wall_s": record.applied_at_s - t_train,
-                "staleness_mean": window.staleness_sum / max(window.updates, 1),
-                "staleness_max": window.staleness_max,
-                "staleness_histogram": window.histogram,  # of these updates (sync: steps)
-                "pushes_dropped": dropped,  # shard 0, so far
-                "wire_bytes_per_step": wire_bytes_per_step,
-            }
-            result.metrics.append(entry)
-            metrics.write(json.dumps(entry) + "\n")
-            metrics.flush()  # on disk at once: a killed driver's --resume keeps it
-            observer.record(entry)
-            bar.set_postfix(loss=f"{entry['loss']:.4f}", ex_per_s=f"{entry['examples_per_s']:,.0f}")
-            window = _Window(record.applied_at_s)
-
-        def take(record, dropped: int) -> None:
-            """Count shard 0's update `record` (`dropped`: its pushes dropped so far)."""
-            nonlocal seen, last, total
-            seen, last = record.version, record
-            total += record.num_examples
-            result.versions.append(seen)
-            result.examples.append(total)
-            window.add(record)
-            bar.update(1)
-            if seen % per_log == 0 or seen == target:
-                log(record, dropped)
-
-        last, ending = None, False
-        while True:
-            if pending:
-                _wait_runs(pending, done, get, seen, observer, supervisor, heartbeat)
-            if supervisor is not None:
-                # A run that ended before the latest rollback is needed for the
-                # steps made again (a worker lost with its node is not).
-                for ref in [r for r, report in done.items()
-                            if report.generation < supervisor.generation
-                            and report.rank not in supervisor.job.lost_ranks]:
-                    rank = done.pop(ref).rank
-                    again = supervisor.run_again(rank)
-                    if again is not None:  # None: its node was lost meanwhile
-                        pending[again] = rank
-            # Shards brought back by a worker's death, or a failed status call.
-            back = supervisor.take_moved() if supervisor is not None else None
-            if back is None:
-                try:
-                    since = seen if supervisor is None else supervisor.log_since(seen)
-                    replies = client.status(since_version=since, logs_of=(0,))  # only its log
-                except ShardUnavailable:
-                    if supervisor is None:
-                        raise
-                    back = supervisor.shards_failed(seen, client)
-            if back is not None:
-                if back.client is not client:  # to where the shards are now
-                    client = back.client
-                    opened.append(client)
-                if 0 in back.replaced and back.version > seen:
-                    # A new shard 0 starts its update log after the checkpoint:
-                    # a shard rolled back to it still has the records up to it
-                    # (every shard logs every update); the updates no live
-                    # shard has a record of count without one.
-                    per_update = config.batch_size // mode.updates_per_step(config.num_workers)
-                    for record, dropped in _records_until(back, seen):
-                        total += (record.version - seen - 1) * per_update  # a gap: no records
-                        take(record, dropped)
-                    total += (back.version - seen) * per_update
-                    seen = back.version
-                    result.versions.append(seen)
-                    result.examples.append(total)
-                continue
-            if supervisor is not None:
-                supervisor.updates_seen(replies[0].steps)
-            for record in replies[0].steps:
-                if record.version > seen:  # older ones: a recovery's first update, read again
-                    take(record, replies[0].pushes_dropped)
-            if not pending:
-                break
-            polls.poll(seen, replies, observer)
-            now = time.time() - t_train
-            spent = config.budget_s is not None and now >= config.budget_s
-            interrupted = stop is not None and stop.requested
-            if (spent or interrupted) and not ending:
-                # End at the next version: a sync step under way completes.
-                ending, result.interrupted = True, interrupted
-                end = max(r.version for r in replies) + 1
-                target = min(target, get([s.end_at.remote(end) for s in shards])[0])
-                result.ended_early = target < config.end_version
-            if snapshots is not None and snapshots.due(now):
-                version, params = client.pull(min_version=0, timeout_s=config.pull_timeout_s)
-                snapshots.add(version, time.time() - t_train, params)
-        if window.updates:
-            log(last, replies[0].pushes_dropped)
-    for extra in opened:
-        extra.close()
-    if not result.ended_early and seen < target:
-        raise ClusterError(
-            f"every worker finished but the shards reached only version {seen} of {target}"
-        )
-    result.reports = sorted(done.values(), key=lambda r: r.rank)
-    observer.workers(seen, result.reports)
-    observer.shards(seen, replies)
-    result.snapshots = snapshots.items if snapshots is not None else []
-    return result
-
-
-
-def _wait_runs(pending: dict, done: dict, get, seen: int, observer, supervisor,
-               heartbeat) -> None:
-    """Wait up to POLL_S for the workers' `run` calls (`pending`: ref -> rank),
-    moving each finished one to `done` (ref -> its WorkerReport). A worker
-    whose actor died (Ray's report, or `heartbeat`'s judgement) is replaced
-    by the supervisor, or raises ActorDied without one."""
-    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
-    lost = []
-    for ref in ready:
-        rank = pending.pop(ref)
-        try:
-            done[ref] = get([ref])[0]
-        except ActorDied:
-            if supervisor is None:
-                observer.lost(rank)
-                raise
-            lost.append(rank)
-        except BaseException:
-            observer.lost(rank)
-            raise
-    if heartbeat is not None:
-        silent = heartbeat.dead(r for r in pending.values() if r not in lost)
-        for ref in [r for r, rank in pending.items() if rank in silent]:
-            lost.append(pending.pop(ref))
-    for rank in lost:
-        observer.lost(rank)
-        if supervisor is None:
-            raise ActorDied(f"worker {rank} stopped answering and its actor was killed; the "
-                            "job takes no checkpoints to recover from (--checkpoint-every N)")
-        ref = supervisor.worker_lost(rank, seen)
-        if ref is not None:  # None: lost with its node, not replaced
-            pending[ref] = rank
+    return Counting(start, config.batch_size, per_step, config.log_every * per_step,
+                    config.end_version, t_train, wire_bytes_per_step)
 
 
 def _records_until(back, seen: int) -> list[tuple]:

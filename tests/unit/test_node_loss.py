@@ -1,11 +1,15 @@
-"""A node lost for good: the live workers take over the dead ones' rows, and
-the shards make each step from their pushes alone (ps/shard.py set_workers,
-workers/redirect.py share_rows)."""
+"""A node lost for good: what it took and who trains on (cluster/recovery/node_loss.py),
+the live workers take over the dead ones' rows, and the shards make each
+step from their pushes alone (ps/shard.py set_workers, workers/redirect.py
+share_rows)."""
 
 import numpy as np
 import pytest
 
-from towerps.errors import StepMismatch
+from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.recovery.node_loss import NodeLosses
+from towerps.cluster.run.placements import Placement, Placements
+from towerps.errors import ClusterError, StepMismatch
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
@@ -90,3 +94,67 @@ def test_a_redirect_names_the_shards_nodes_only_when_told():
     assert target.shard_nodes is None  # the worker keeps the shards it had
     moved = Redirect(1, target.addresses, 20, shard_nodes=("node-a", "node-a"))
     assert moved.shard_nodes == ("node-a", "node-a")
+
+
+def placed(*where: tuple[str, int, str]) -> Placements:
+    """Placements of (role, index, node) triples; node "x" has the IP 10.0.0.x."""
+    placements = Placements()
+    placements.put(*(Placement(role, index, node_id=node, node_ip=f"10.0.0.{node}", pid=100)
+                     for role, index, node in where))
+    return placements
+
+
+def losses(placements, mode="sync", num_workers=3, streams_data=False) -> NodeLosses:
+    config = TrainConfig(num_workers=num_workers, num_ps=2, batch_size=96, mode=mode)
+    return NodeLosses(placements, config, streams_data)
+
+
+def test_a_lost_node_takes_its_shards_and_workers_and_the_others_share_the_batch():
+    placements = placed(("ps", 0, "a"), ("ps", 1, "b"), ("worker", 0, "a"),
+                        ("worker", 1, "b"), ("worker", 2, "a"))
+    found = losses(placements)
+    lost = found.find(alive={"a"})
+    assert (lost.ips, lost.shards, lost.ranks, lost.live) == (("10.0.0.b",), (1,), (1,), (0, 2))
+    assert lost.rows == {0: 48, 2: 48}  # the whole global batch, over the live ranks
+    assert str(lost) == "node(s) ['10.0.0.b'] lost (shards [1], workers [1])"
+    records = lost.recoveries(seen=23, version=20, noticed=5.0, seconds=1.5)
+    assert [(r.role, r.index, r.node_lost, r.ranks, r.steps_replayed) for r in records] == [
+        ("ps", 1, "10.0.0.b", [0, 2], 3), ("worker", 1, "10.0.0.b", [0, 2], 3)]
+    assert found.find(alive={"a"}) is None  # found once
+
+
+def test_a_node_of_shards_alone_changes_nobodys_rows_until_a_worker_is_lost():
+    placements = placed(("ps", 0, "a"), ("ps", 1, "b"), ("worker", 0, "a"),
+                        ("worker", 1, "c"), ("worker", 2, "c"))
+    found = losses(placements)
+    shards_only = found.find(alive={"a", "c"})
+    assert (shards_only.shards, shards_only.ranks, shards_only.rows) == ((1,), (), None)
+    lost = found.find(alive={"a"})
+    assert (lost.ranks, lost.live, lost.rows) == ((1, 2), (0,), {0: 96})
+
+
+def test_workers_lost_earlier_are_not_lost_again_and_keep_the_rows_split():
+    placements = placed(("ps", 0, "a"), ("worker", 0, "a"), ("worker", 1, "b"),
+                        ("worker", 2, "c"))
+    placements.mark_lost([1])  # node b went before
+    lost = losses(placements).find(alive={"a"})  # b is still not alive, and c goes now
+    assert (lost.ranks, lost.live, lost.rows) == ((2,), (0,), {0: 96})
+
+
+@pytest.mark.parametrize("mode, streams, why", [
+    ("async", False, "in --mode async a worker's rows follow its own clock"),
+    ("sync", True, "a worker fed by a tf.data function or a Ray Data set"),
+])
+def test_a_lost_worker_ends_a_run_whose_rows_cannot_move(mode, streams, why):
+    placements = placed(("ps", 0, "a"), ("worker", 0, "a"), ("worker", 1, "b"))
+    with pytest.raises(ClusterError, match=why):
+        losses(placements, mode, num_workers=2, streams_data=streams).find(alive={"a"})
+
+
+def test_async_survives_a_node_of_shards_alone_and_nothing_survives_losing_every_worker():
+    shards_only = placed(("ps", 0, "a"), ("ps", 1, "b"), ("worker", 0, "a"), ("worker", 1, "a"))
+    lost = losses(shards_only, "async", num_workers=2).find(alive={"a"})
+    assert (lost.shards, lost.rows) == ((1,), None)
+    every_worker = placed(("ps", 0, "a"), ("worker", 0, "b"), ("worker", 1, "b"))
+    with pytest.raises(ClusterError, match="no worker is left to train"):
+        losses(every_worker, num_workers=2).find(alive={"a"})

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from towerps.cluster.observe.observers import WorkersFile, read_workers_file
+from towerps.cluster.run.placements import Placements
 from towerps.cluster.run.security import read_cluster_json
 from towerps.cluster.observe.status import SILENT_S, ShardState, render
 from towerps.errors import ConfigError
@@ -12,8 +13,8 @@ from towerps.workers.worker import WorkerReport
 
 pytestmark = pytest.mark.unit
 
-PLACEMENT = [{"role": "worker", "index": r, "node_ip": "127.0.0.1", "pid": 100 + r,
-              "devices": ["/CPU:0"]} for r in (0, 1)]
+PLACEMENT = Placements.from_json([{"role": "worker", "index": r, "node_ip": "127.0.0.1",
+                                   "pid": 100 + r, "devices": ["/CPU:0"]} for r in (0, 1)])
 
 
 def report(rank, steps, at_s):

@@ -1,38 +1,43 @@
 """The supervisor's bookkeeping for the watch loop, without Ray: which shards
-moved since it last asked (whichever death moved them), where it reads shard
-0's update log from, and when each recovery saw its first update."""
+moved since the loop last followed them (whichever death moved them), where
+it reads shard 0's update log from, when each recovery saw its first
+update, and which ended runs are behind."""
 
 import pytest
 
+from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.api.summary import Recovery
-from towerps.cluster.recovery.supervisor import ShardsBack, Supervisor
+from towerps.cluster.recovery.policy import Action, Decision
+from towerps.cluster.recovery.supervisor import Moves, Supervisor
+from towerps.cluster.run.placements import Placements
 from towerps.ps.stats import StepRecord
+from towerps.workers.worker import WorkerReport
 
 pytestmark = pytest.mark.unit
 
 
 class Job:
-    """What the bookkeeping uses of cluster/run/job.py's Job: a client to where the shards are."""
+    """What the bookkeeping uses of cluster/run/job.py's Job: its configuration
+    and placements. Nothing here starts or stops an actor."""
+
+    config = TrainConfig(num_workers=3, batch_size=96, checkpoint_every=4)
+    streams_data = False
 
     def __init__(self):
-        self.clients = 0
-
-    def client(self):
-        self.clients += 1
-        return f"client {self.clients}"
+        self.placements = Placements()
 
 
 def record(version: int, applied_at_s: float) -> StepRecord:
     return StepRecord(version, loss=1.0, num_examples=96, applied_at_s=applied_at_s)
 
 
-def test_shards_moved_by_two_recoveries_reach_the_watch_loop_once_with_a_new_client():
-    supervisor = Supervisor(Job())
-    assert supervisor.take_moved() is None
-    supervisor.shards_moved(8, [1])  # a worker's death found shard 1 dead
-    supervisor.shards_moved(4, [0])  # then shard 0 died: back further
-    assert supervisor.take_moved() == ShardsBack("client 1", 4, (0, 1))
-    assert supervisor.take_moved() is None
+def test_shards_moved_by_two_recoveries_are_followed_once_back_to_the_last_checkpoint():
+    moves = Moves()
+    assert moves.take() is None
+    moves.add(8, [1])  # a worker's death found shard 1 dead
+    moves.add(4, [0])  # then shard 0 died: back further
+    assert moves.take() == (4, (0, 1))
+    assert moves.take() is None
 
 
 def test_the_log_is_read_from_a_recovery_until_its_first_update_after_the_death():
@@ -46,3 +51,17 @@ def test_the_log_is_read_from_a_recovery_until_its_first_update_after_the_death(
     supervisor.updates_seen([record(9, 100.75), record(10, 101.0)])
     assert supervisor.recoveries[0].first_update_s == pytest.approx(0.75)
     assert supervisor.log_since(12) == 12
+
+
+def test_before_any_rollback_no_ended_run_is_behind():
+    supervisor = Supervisor(Job())
+    assert supervisor.generation == 0
+    ended = [WorkerReport(rank=r, steps=16, generation=0) for r in range(3)]
+    assert supervisor.behind(ended) == ()
+
+
+def test_only_a_recovering_decision_is_the_supervisors_to_carry_out():
+    supervisor = Supervisor(Job())
+    for action in (Action.GO_ON, Action.FINISH, Action.END_RUN, Action.FAIL):
+        with pytest.raises(ValueError, match="is not a recovery"):
+            supervisor.recover(Decision(action), seen=5)
