@@ -1,191 +1,66 @@
-"""Test-only slowdowns and failures, installed around a worker's parts, never inside its loops.
+"""Where tests and benchmarks reach into a job's workers: seams that a real run leaves empty.
 
-    tower = SlowTower(tower, factor=3.0)      # compute_gradients takes 3x as long
-    faults = Faults.of(config)                # --slow-worker, --slow-tower, config.faults
-    towers = faults.wrap_towers(towers)       # one slow device among a worker's towers
-    tower = faults.wrap_worker(rank, tower)   # one slow worker among the job's
-    client = faults.wrap_client(rank, client) # a worker that holds, or dies half-way, in a push
+    seams = installed().for_job(config)        # the driver, setting up the workers (cluster/run/job.py)
+    towers = seams.wrap_towers(towers)         # a worker, around its per-device towers
+    tower = seams.wrap_worker(rank, group)     # ... around its tower group
+    client = seams.wrap_client(rank, client)   # ... around its client to the shards
 
-`WorkerActor.setup` (cluster/run/actors.py) is where a job's `Faults` are
-installed: the worker loop and the tower group run unchanged and cannot
-tell a wrapped part from a real one. Tests and benchmarks install their own
-wrappers the same way, around a Tower, a TowerGroup or a PSClient (say, one
-that stops a worker in the middle of a push).
-
-Sleeping stands in for a slower device or machine: it holds no core, so a
-straggler slows no other process on a shared machine, and the gradients
-are exactly those of the wrapped tower.
+A real run installs nothing: `Seams()` hands every part back as it is. A
+test or a benchmark installs its own (towerps.testing: a slow worker or
+tower, a worker that holds before a push or dies half-way through one) for
+the runs the driver starts in its process, then takes them away again. The
+seams travel to each worker actor with its job (`WorkerActor.setup`,
+cluster/run/actors.py); the worker loop and the tower group cannot tell a
+wrapped part from a real one. No flag and no TrainConfig field sets them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import signal
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-from towerps.errors import ConfigError
+from collections.abc import Sequence
 
 
-class SlowTower:
-    """A Tower (or TowerGroup) whose `compute_gradients` takes `factor` times as long.
+class Seams:
+    """What a job's workers install around their parts; this one installs
+    nothing. A subclass must pickle: it travels to every worker actor."""
 
-    Everything else is the wrapped tower's own. `clock` and `sleep` are
-    time.perf_counter and time.sleep unless a test passes its own.
-    """
+    def for_job(self, config) -> Seams:
+        """The seams a job of TrainConfig `config` gets (one may check itself
+        against the job here: ConfigError names what does not fit)."""
+        return self
 
-    def __init__(self, tower, factor: float, *, clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep):
-        if not factor >= 1.0:
-            raise ConfigError(f"a slow tower's factor must be at least 1, got {factor}")
-        self.inner = tower
-        self.factor = factor
-        self._clock, self._sleep = clock, sleep
-
-    def compute_gradients(self, x, y) -> tuple[dict, float]:
-        t0 = self._clock()
-        result = self.inner.compute_gradients(x, y)
-        self._sleep((self.factor - 1.0) * (self._clock() - t0))
-        return result
-
-    def __getattr__(self, name):
-        # Only called for what this class does not define: the wrapped tower's.
-        if name == "inner":  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-def parse_slow(flag: str, text: str, count: int | None = None,
-               index: str = "INDEX") -> tuple[int, float]:
-    """"INDEX:FACTOR" -> (index, factor); ConfigError naming `flag` and the fix.
-
-    INDEX must be below `count` when given; FACTOR at least 1. `index` names
-    the first part in messages (RANK for workers).
-    """
-    fix = f"use {flag} {index}:FACTOR with FACTOR >= 1, e.g. 1:3 (test only)"
-    first, sep, factor = text.partition(":")
-    try:
-        parsed = int(first), float(factor)
-    except ValueError:
-        parsed = None
-    if not sep or parsed is None or parsed[0] < 0 or not parsed[1] >= 1.0:
-        raise ConfigError(f"{flag} {text!r} is not {index}:FACTOR; {fix}")
-    if count is not None and parsed[0] >= count:
-        raise ConfigError(
-            f"{flag} {text!r} names {parsed[0]}, but there are {count} (0..{count - 1}); {fix}"
-        )
-    return parsed
-
-
-@dataclass(frozen=True)
-class Faults:
-    """The test-only behaviour of a job's workers. Picklable: it travels to each
-    worker actor, which installs it around its parts."""
-
-    slow_worker: tuple[int, float] | None = None  # (rank, factor): that worker computes slower
-    slow_tower: tuple[int, float] | None = None  # (index, factor): that tower of every worker
-    holds: tuple[Hold, ...] = ()  # workers that stop before one push until released
-    # (rank, step): that worker's first push of `step` or later reaches shard 0
-    # only, then its process kills itself (a crash in the middle of a push).
-    die_in_push: tuple[int, int] | None = None
-
-    @classmethod
-    def of(cls, config) -> Faults:
-        """From a TrainConfig's `slow_worker` and `devices.slow_tower` flags, and
-        the holds and deaths of its `faults` (set by tests, never by a flag)."""
-        slow_worker = config.slow_worker
-        slow_tower = config.devices.slow_tower
-        extra = config.faults or cls()
-        return dataclasses.replace(
-            extra,
-            slow_worker=None if slow_worker is None else
-            parse_slow("--slow-worker", slow_worker, config.num_workers, "RANK"),
-            slow_tower=None if slow_tower is None else parse_slow("--slow-tower", slow_tower),
-        )
-
-    def for_replacement(self) -> Faults:
-        """What a worker started in a dead one's place installs: all but the
-        death (a process dies once). Holds stay: one killed while it held
-        holds again in its replacement, until the test releases it."""
-        return dataclasses.replace(self, die_in_push=None)
-
-    def wrap_client(self, rank: int, client):
-        """Worker `rank`'s PSClient, wrapped if a hold or death names the rank."""
-        holds = {h.step: h for h in self.holds if h.rank == rank}
-        die_at = self.die_in_push[1] if self.die_in_push and self.die_in_push[0] == rank else None
-        return FaultyClient(client, holds, die_at) if holds or die_at is not None else client
+    def for_replacement(self) -> Seams:
+        """What a worker started in a dead one's place installs."""
+        return self
 
     def wrap_towers(self, towers: Sequence) -> list:
-        """A worker's per-device towers, the slow one wrapped (before they are grouped)."""
-        towers = list(towers)
-        if self.slow_tower is not None:
-            index, factor = self.slow_tower
-            if index >= len(towers):
-                raise ConfigError(
-                    f"--slow-tower {index}:{factor:g} names tower {index} but the worker has "
-                    f"{len(towers)} (indices 0..{len(towers) - 1})"
-                )
-            towers[index] = SlowTower(towers[index], factor)
-        return towers
+        """A worker's per-device towers, before they are grouped."""
+        return list(towers)
 
     def wrap_worker(self, rank: int, tower):
-        """Worker `rank`'s tower (or tower group), wrapped if it is the slow worker."""
-        if self.slow_worker is not None and self.slow_worker[0] == rank:
-            return SlowTower(tower, self.slow_worker[1])
+        """Worker `rank`'s tower group."""
         return tower
 
+    def wrap_client(self, rank: int, client):
+        """Worker `rank`'s PSClient."""
+        return client
 
-@dataclass(frozen=True)
-class Hold:
-    """Worker `rank` stops before its first push of `step` or later until the
-    file `release` exists (at once if it does), after writing
-    `release + ".held"` (so a test knows it is there and can, say, kill
-    something meanwhile). Files: the test and the worker share a machine.
-    Raises TimeoutError after `timeout_s`."""
-
-    rank: int
-    step: int
-    release: str
-    timeout_s: float = 600.0
-
-    def wait(self) -> None:
-        with open(self.release + ".held", "w") as f:
-            f.write(str(os.getpid()))
-        deadline = time.monotonic() + self.timeout_s
-        while not os.path.exists(self.release):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.release} did not appear within {self.timeout_s:g} s")
-            time.sleep(0.02)
+    def describe(self) -> dict:
+        """Entries for summary.json's "config" saying what the seams change
+        in the run's results (a slow worker's pace); {}: nothing."""
+        return {}
 
 
-class FaultyClient:
-    """A PSClient whose first push at or after a hold's step holds first
-    (`holds`: step -> Hold), and whose first push at or after `die_at`
-    reaches shard 0 only before the process kills itself (SIGKILL: no
-    cleanup, as a crash). Everything else is the inner client's."""
+_installed: Seams = Seams()
 
-    def __init__(self, inner, holds: dict[int, Hold], die_at: int | None = None):
-        self.inner, self.holds, self.die_at = inner, dict(holds), die_at
 
-    def push(self, worker_rank, step, grads, num_examples, loss, shards=None):
-        self._before_push(worker_rank, step, grads, num_examples, loss)
-        return self.inner.push(worker_rank, step, grads, num_examples, loss, shards)
+def installed() -> Seams:
+    """The seams the driver hands the workers of the jobs it starts now."""
+    return _installed
 
-    def push_pull(self, worker_rank, step, grads, num_examples, loss, timeout_s):
-        self._before_push(worker_rank, step, grads, num_examples, loss)
-        return self.inner.push_pull(worker_rank, step, grads, num_examples, loss, timeout_s)
 
-    def _before_push(self, worker_rank, step, grads, num_examples, loss) -> None:
-        """The holds due by `step`; at `die_at`, a push to shard 0 alone and SIGKILL."""
-        for at in sorted(s for s in self.holds if s <= step):
-            self.holds.pop(at).wait()
-        if self.die_at is not None and step >= self.die_at:
-            self.inner.push(worker_rank, step, grads, num_examples, loss, shards=[0])
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def __getattr__(self, name):
-        if name == "inner":  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+def install(seams: Seams | None) -> Seams:
+    """Make `seams` (None: none) those of the jobs started from now on in this
+    process; returns the ones before, to put back (towerps.testing.injected)."""
+    global _installed
+    previous, _installed = _installed, seams or Seams()
+    return previous
