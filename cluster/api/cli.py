@@ -6,8 +6,10 @@
     towerps train --model my_pkg.models:build --data my_pkg.data:load --steps 500
     towerps train --config job.yaml            # every flag in a file (cluster/api/jobfile.py)
 
-Flags become one TrainConfig here (validated at once); errors of towerps
-print as one line naming the problem and the fix, with exit status 2.
+The flags of train and compare are made from TrainConfig's fields
+(cluster/api/flags.py) and become one TrainConfig here (validated at
+once); errors of towerps print as one line naming the problem and the fix,
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from dataclasses import replace
 
 from towerps import __version__
-from towerps.cluster.api.config import DEFAULT_STEPS
+from towerps.cluster.api.config import DEFAULT_STEPS, TrainConfig
 from towerps.cluster.api.flags import add_flags, config_fields
 from towerps.cluster.recovery.interrupts import Interrupted, exit_status
 from towerps.cluster.observe.logs import import_tensorflow, log_to_stderr
@@ -110,8 +112,6 @@ def _train(args, parser) -> int:
     if args.data:
         raise TowerpsError("--data feeds a model of your own: give --model module:function "
                            "too, or use --dataset for the built-in data sets")
-    from towerps.cluster.api.config import TrainConfig
-
     config = TrainConfig(**job_fields(args))
     # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
     from towerps.cluster.run.driver import train

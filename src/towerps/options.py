@@ -46,8 +46,7 @@ class Flag:
     default: Any = FIELD_DEFAULT
     group: str = "job"  # the --help section and README table it is listed in
     commands: tuple[str, ...] = ("train", "compare")
-    job_file: bool = True  # written into the run's job.yaml
-    hidden: bool = False  # accepted but not listed (a retired flag)
+    hidden: bool = False  # accepted, but not listed nor written to job.yaml (a retired flag)
     doc: str | None = None  # README.md's text (markdown); None: `help`
     dest: str | None = None  # its job.yaml key; None: the field's key
 
