@@ -12,7 +12,7 @@ waits for the previous recovery (its victim's new pid in placement.json),
 and for training to go on after it (a checkpoint completed since), so
 recoveries do not overlap. So that the job cannot end before the last
 kill, every worker holds before its push of the last step until the kills
-are done (a test seam, workers/faults.py; a worker whose run has ended has
+are done (a test seam, towerps.testing; a worker whose run has ended has
 nothing to recover); the time they sat there is left out of the wall time.
 
 The chaos run keeps `--spare-workers` warm workers (cluster/recovery/spares.py): a
@@ -94,14 +94,17 @@ def wait_until(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def run_in_background(config) -> tuple[threading.Thread, dict]:
+def run_in_background(config, faults) -> tuple[threading.Thread, dict]:
+    """`train(config)` with `faults` injected, on a thread."""
     from towerps.cluster import train
+    from towerps.testing import injected
 
     outcome: dict = {}
 
     def target():
         try:
-            outcome["summary"] = train(config, progress=False)
+            with injected(faults):
+                outcome["summary"] = train(config, progress=False)
         except BaseException as err:  # re-raised on the benchmark's thread
             outcome["error"] = err
 
@@ -191,7 +194,7 @@ def main(argv=None) -> dict:
     from dataclasses import replace
 
     from towerps.cluster import TrainConfig, train
-    from towerps.workers.faults import Faults, Hold
+    from towerps.testing import Faults, Hold
 
     with common.local_ray(WORKERS + SHARDS + 1 + args.spare_workers), tempfile.TemporaryDirectory() as tmp:
         config = TrainConfig(
@@ -203,8 +206,8 @@ def main(argv=None) -> dict:
         chaos_dir = os.path.join(tmp, "chaos")
         holds = tuple(Hold(rank=r, step=args.steps - 1, release=release) for r in range(WORKERS))
         thread, outcome = run_in_background(
-            replace(config, run_dir=chaos_dir, faults=Faults(holds=holds),
-                    spare_workers=args.spare_workers))
+            replace(config, run_dir=chaos_dir, spare_workers=args.spare_workers),
+            Faults(holds=holds))
         kills, released_at = inflict(args, chaos_dir, thread, release)
         thread.join()
         if "error" in outcome:

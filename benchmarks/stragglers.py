@@ -4,10 +4,10 @@
     .venv/bin/python benchmarks/stragglers.py --tiny   # a quick look (what the tests run)
 
 Three runs of the same job in one local Ray cluster, one after the other:
-no straggler; worker N-1 computing `--slow-factor` times slower
-(`--slow-worker`); and the same straggler with `--backup-workers 1`, where a
-step is applied as soon as N-1 workers are in and the straggler's late
-gradient is dropped and counted. The figure is the median step time, read
+no straggler; worker N-1 computing `--slow-factor` times slower (a test
+seam, towerps.testing's Faults); and the same straggler with one backup
+worker, where a step is applied as soon as N-1 workers are in and the
+straggler's late gradient is dropped and counted. The figure is the median step time, read
 from the shard's own step log (the time between consecutive versions), so
 actor start-up and evaluation are left out. Expected: the straggler
 stretches every step to its own pace; one backup worker takes it off the
@@ -48,22 +48,24 @@ def main(argv=None) -> dict:
 
     from towerps.cluster import TrainConfig, train
     from towerps.ps.modes import Mode
+    from towerps.testing import Faults, injected
 
-    slow = f"{args.num_workers - 1}:{args.slow_factor:g}"
-    cases = {
-        "no_straggler": dict(),
-        "straggler": dict(slow_worker=slow),
-        "straggler_with_1_backup": dict(slow_worker=slow, mode=Mode("sync", backup_workers=1)),
+    slow = Faults(slow_worker=(args.num_workers - 1, args.slow_factor))
+    cases = {  # (TrainConfig fields, test seams)
+        "no_straggler": (dict(), None),
+        "straggler": (dict(), slow),
+        "straggler_with_1_backup": (dict(mode=Mode("sync", backup_workers=1)), slow),
     }
     runs = {}
     with common.local_ray(args.num_workers + 1), tempfile.TemporaryDirectory() as tmp:
-        for name, extra in cases.items():
+        for name, (extra, faults) in cases.items():
             config = TrainConfig(
                 dataset="synthetic", model=args.model, num_workers=args.num_workers,
                 num_ps=1, batch_size=args.batch_size, steps=args.steps, optimizer="sgd",
                 log_every=1, run_dir=os.path.join(tmp, name), **extra,
             )
-            summary = train(config, progress=False)
+            with injected(faults):
+                summary = train(config, progress=False)
             runs[name] = {
                 "median_step_s": median_step_s(config.run_dir, args.batch_size),
                 "examples_per_s": summary.examples_per_s,

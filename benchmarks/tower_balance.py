@@ -46,7 +46,7 @@ def main() -> None:
 
     devices = configure_devices(DeviceConfig(cpu_towers=2))
     from towerps.workers import build_model, load_dataset
-    from towerps.workers.faults import Faults, parse_slow
+    from towerps.testing import Faults
     from towerps.workers.tower_group import TowerGroup
 
     data = load_dataset("synthetic", seed=0)
@@ -54,7 +54,7 @@ def main() -> None:
                                input_scale=data.input_scale)
     slow = f"1:{args.slow_factor:g}"
     # Warm-up 2 steps, shares set after a 5-step window: the warm-up below covers both.
-    slowdown = Faults(slow_tower=parse_slow("--slow-tower", slow))
+    slowdown = Faults.parse(slow_tower=slow)
     groups = {mode: TowerGroup.build(make, devices, mode, wrap=slowdown.wrap_towers)
               for mode in ("equal", "measured")}
     params = groups["equal"].get_weights()

@@ -4,23 +4,31 @@ Public API: `Shard` (the core, no sockets), `Mode` (sync / async / ssp),
 `PushOutcome` (what a shard did with a push), `create_server` (its gRPC face), `plan_placement` (which shard holds which
 variable, or which rows), `make_optimizer`.
 This package never imports Ray.
+
+The exports load lazily, each from its module on first use: the command
+line reads Mode's flags (ps/modes.py) without loading numpy and gRPC.
 """
 
-from towerps.ps.modes import MODES, Mode
-from towerps.ps.optimizers import OPTIMIZERS, make_optimizer
-from towerps.ps.placement import PlacementPlan, plan_placement
-from towerps.ps.servicer import create_server
-from towerps.ps.shard import PushOutcome, PushResult, Shard
+import importlib
 
-__all__ = [
-    "MODES",
-    "Mode",
-    "OPTIMIZERS",
-    "PlacementPlan",
-    "PushOutcome",
-    "PushResult",
-    "Shard",
-    "create_server",
-    "make_optimizer",
-    "plan_placement",
-]
+_EXPORTS = {
+    "MODES": "modes",
+    "Mode": "modes",
+    "OPTIMIZERS": "optimizers",
+    "make_optimizer": "optimizers",
+    "PlacementPlan": "placement",
+    "plan_placement": "placement",
+    "create_server": "servicer",
+    "PushOutcome": "shard",
+    "PushResult": "shard",
+    "Shard": "shard",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'towerps.ps' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"towerps.ps.{module}"), name)

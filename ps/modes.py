@@ -32,26 +32,56 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from towerps.choices import MODES, NONFINITE, SUM_ORDERS
 from towerps.errors import ConfigError
+from towerps.options import Flag, option
 
-MODES = ("sync", "async", "ssp")
-SUM_ORDERS = ("rank", "arrival")
-NONFINITE = ("reject", "skip-step")
+__all__ = ["MODES", "NONFINITE", "SUM_ORDERS", "Mode"]
 
 
 @dataclass(frozen=True)
 class Mode:
-    name: str = "sync"
-    staleness: int | None = None  # ssp: the bound s on clock drift; None for the others
-    staleness_lr: bool = False  # async/ssp: divide the lr of a push by its staleness
-    backup_workers: int = 0  # sync: a step does not wait for the last b workers
+    # Each field's flag (train: all; compare: sum order and nonfinite, its
+    # --modes names the rest) and key in config.json (src/towerps/options.py).
+    name: str = option("sync", Flag(
+        "--mode", "sync: average every worker's gradient per step; async: apply each push as "
+        "it arrives; ssp: async with workers at most --staleness apart", choices=MODES,
+        group="mode", commands=("train",),
+        doc="sync: every step averages every worker's gradient; async: each push is applied "
+        "alone as it arrives; ssp: async with no worker more than `--staleness S` steps ahead "
+        "of the slowest. See [docs/modes.md](docs/modes.md)"), key="mode")
+    # ssp: the bound s on clock drift; None for the others
+    staleness: int | None = option(None, Flag(
+        "--staleness", "ssp: how many steps a worker may run ahead of the slowest", parse=int,
+        metavar="S", group="mode", commands=("train",)))
+    # async/ssp: divide the lr of a push by its staleness
+    staleness_lr: bool = option(False, Flag(
+        "--staleness-lr", "async/ssp: divide the learning rate of each push by its staleness",
+        group="mode", commands=("train",)))
+    # sync: a step does not wait for the last b workers
+    backup_workers: int = option(0, Flag(
+        "--backup-workers", "sync: apply a step once all but B workers pushed; drop the late "
+        "ones", parse=int, metavar="B", group="mode", commands=("train",),
+        doc="sync: a step is applied once all but B workers pushed; late gradients are dropped "
+        "and counted, and a late worker skips ahead"))
     # sync: add a step's pushes in rank order (bit-reproducible with any number
     # of workers) or as they arrive (ps/aggregation.py)
-    sum_order: str = "rank"
+    sum_order: str = option("rank", Flag(
+        "--sum-order", "sync: add a step's gradients in rank order, so runs repeat bit for bit, "
+        "or as they arrive (holds none back)", choices=SUM_ORDERS, group="mode",
+        doc="sync: add each step's gradients in rank order, so a run with any number of "
+        "workers repeats bit for bit, or as they arrive (holds no gradient back; "
+        "benchmarks/sum_order.py)"))
     # A worker whose gradient holds NaN/inf: "reject" stops it with an error;
     # "skip-step" makes it report the step as skipped (sync: the whole step
     # applies nothing; async/ssp: that one push applies nothing).
-    nonfinite: str = "reject"
+    nonfinite: str = option("reject", Flag(
+        "--nonfinite", "a worker's gradient holds NaN/inf: reject (stop the run with an error) "
+        "or skip-step (the step applies nothing, as Keras' loss scaling does)",
+        choices=NONFINITE, group="mode",
+        doc="a worker's gradient holds NaN/inf: reject (stop the run with an error naming the "
+        "flag) or skip-step (the step applies nothing on every shard, as Keras' loss scaling "
+        "does)"))
 
     def __post_init__(self):
         if self.nonfinite not in NONFINITE:

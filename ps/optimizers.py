@@ -27,10 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from towerps.choices import DEFAULT_LR, OPTIMIZERS
 from towerps.errors import BadTensor, ConfigError
-
-OPTIMIZERS = ("sgd", "momentum", "adam")
-DEFAULT_LR = {"sgd": 0.1, "momentum": 0.05, "adam": 1e-3}
 
 _F32 = np.float32
 _ITERATIONS_KEY = "iterations"

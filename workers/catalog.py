@@ -9,10 +9,8 @@ the models themselves.
 
 from __future__ import annotations
 
+from towerps.choices import DEFAULT_MODEL, MODELS  # noqa: F401 (re-exported)
 from towerps.errors import ConfigError
-
-MODELS = ("mlp", "cnn", "cifar10_cnn")
-DEFAULT_MODEL = {"fashion_mnist": "mlp", "cifar10": "cifar10_cnn", "synthetic": "mlp"}
 
 # Models whose layer sizes (and parameter count) assume one input shape.
 FIXED_INPUT_SHAPE = {"cifar10_cnn": (24, 24, 3)}

@@ -30,9 +30,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from towerps.choices import DATASETS
 from towerps.errors import BadTensor, ConfigError, DataSetNotFound
 
-DATASETS = ("fashion_mnist", "cifar10", "synthetic")
 FASHION_MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
 DOWNLOAD_TIMEOUT_S = 10.0

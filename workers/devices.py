@@ -20,43 +20,83 @@ TF1 option to its flag here.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from towerps.choices import TOWER_BALANCES as BALANCES
 from towerps.errors import ConfigError
-from towerps.workers.faults import parse_slow
+from towerps.options import Flag, option
 
-BALANCES = ("equal", "measured")
+
+def _gpu_list(text: str) -> tuple[int, ...]:
+    """--gpus 0,1 -> (0, 1)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of GPU indices") from None
+
+
+def _flag(name: str, help: str, **kwargs) -> Flag:
+    return Flag(name, help, group="devices", **kwargs)
+
+
+_SHARED = ("0: TensorFlow's default (a thread per core), or, when several workers share a "
+           "node, each worker's share of its cores")
 
 
 @dataclass(frozen=True)
 class DeviceConfig:
     """Devices and TensorFlow runtime options of every worker of a job."""
 
+    # Each field's flag: src/towerps/options.py (the help, --help and README.md).
     # Ray `num_gpus` of each worker actor: one GPU tower per GPU Ray gives it;
     # a fraction below 1 shares a GPU with other actors (set a memory limit).
-    gpus_per_worker: float = 0.0
+    gpus_per_worker: float = option(0.0, _flag(
+        "--gpus-per-worker", "Ray num_gpus per worker: one GPU tower per GPU; a fraction below "
+        "1 shares a GPU (with --gpu-memory-limit-mb)", parse=float, metavar="N"))
     # Which of the worker's visible GPUs hold towers (visible_device_list);
     # None: all of them.
-    gpus: tuple[int, ...] | None = None
+    gpus: tuple[int, ...] | None = option(None, _flag(
+        "--gpus", "which of the worker's visible GPUs get towers (default: all)",
+        parse=_gpu_list, metavar="I,J"))
     # CPU towers beside the GPU towers; None: one when there is no GPU tower.
-    cpu_towers: int | None = None
-    cpu_only: bool = False  # device_count={'GPU': 0}
-    memory_growth: bool = False  # allow_growth
-    gpu_memory_limit_mb: int | None = None  # per GPU tower; per_process_gpu_memory_fraction
+    cpu_towers: int | None = option(None, _flag(
+        "--cpu-towers", "CPU towers per worker, beside the GPU towers (default: 1 if no GPU, "
+        "else 0)", parse=int, metavar="N"))
+    cpu_only: bool = option(False, _flag(  # device_count={'GPU': 0}
+        "--cpu-only", "no GPU towers, even where GPUs are visible"))
+    memory_growth: bool = option(False, _flag(  # allow_growth
+        "--memory-growth", "GPU memory grows as needed (allow_growth)"))
+    # per GPU tower; per_process_gpu_memory_fraction
+    gpu_memory_limit_mb: int | None = option(None, _flag(
+        "--gpu-memory-limit-mb", "memory limit of each GPU tower", parse=int, metavar="MB"))
     # Both pools, 0: TensorFlow's default, one per core, or this worker's
     # share of its node's cores when several of the job's workers share it
     # (share_cores; the inter-op pool only in a worker of one tower).
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
-    soft_placement: bool = True  # allow_soft_placement (TF2's default)
-    log_device_placement: bool = False
-    tower_balance: str = "equal"  # equal | measured: rows per tower in proportion to speed
-    # TEST ONLY: "INDEX:FACTOR" makes tower INDEX FACTOR x slower (workers/faults.py)
-    slow_tower: str | None = None
+    intra_op_threads: int = option(0, _flag(
+        "--intra-op-threads", "TensorFlow's intra-op threads; " + _SHARED, parse=int,
+        metavar="N"))
+    inter_op_threads: int = option(0, _flag(
+        "--inter-op-threads", "TensorFlow's inter-op threads; " + _SHARED, parse=int,
+        metavar="N"))
+    soft_placement: bool = option(True, _flag(  # allow_soft_placement (TF2's default)
+        "--no-soft-placement", "fail on ops that cannot run on the tower's device instead of "
+        "moving them"))
+    log_device_placement: bool = option(False, _flag(
+        "--log-device-placement", "log the device of every op"))
+    # equal | measured: rows per tower in proportion to speed
+    tower_balance: str = option("equal", _flag(
+        "--tower-balance", "rows per tower: equal, or measured (in proportion to each tower's "
+        "speed)", choices=BALANCES))
+
+    # Keys older versions wrote that no longer act (src/towerps/options.py's from_dict).
+    RETIRED_KEYS = {"slow_tower": "slowdowns are a test seam now (towerps.testing); "
+                    "the run goes on at full speed"}
 
     def __post_init__(self):
         if self.gpus is not None:
@@ -104,8 +144,6 @@ class DeviceConfig:
                 f"--tower-balance {self.tower_balance!r} is not known; choose one of "
                 f"{', '.join(BALANCES)}"
             )
-        if self.slow_tower is not None:
-            parse_slow("--slow-tower", self.slow_tower)
 
     def _check_gpu_memory(self, g: float) -> None:
         limit = self.gpu_memory_limit_mb

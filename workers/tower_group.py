@@ -78,7 +78,7 @@ class TowerGroup:
         """One replica per device, each built there, so its variables live on it.
 
         `wrap`, when given, receives the replicas and returns those to group:
-        where tests install a slow device (workers/faults.py). `loss`: for a
+        where tests install a slow device (towerps.testing). `loss`: for a
         model compiled without one (Tower's `loss`).
         """
         towers = []

@@ -6,13 +6,16 @@
     towerps train --model my_pkg.models:build --data my_pkg.data:load --steps 500
     towerps train --config job.yaml            # every flag in a file (cluster/api/jobfile.py)
 
-Flags become one TrainConfig here (validated at once); errors of towerps
-print as one line naming the problem and the fix, with exit status 2.
+The flags of train and compare are made from TrainConfig's fields
+(cluster/api/flags.py) and become one TrainConfig here (validated at
+once); errors of towerps print as one line naming the problem and the fix,
+with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import signal
@@ -21,26 +24,14 @@ import time
 from dataclasses import replace
 
 from towerps import __version__
+from towerps.cluster.api.config import DEFAULT_STEPS, TrainConfig
+from towerps.cluster.api.flags import add_flags, config_fields
 from towerps.cluster.recovery.interrupts import Interrupted, exit_status
 from towerps.cluster.observe.logs import import_tensorflow, log_to_stderr
 from towerps.errors import TowerpsError
 
-# Choices are repeated here (not imported) so that `towerps --help` and a
-# mistyped flag answer without importing TensorFlow; tests/unit/test_cli.py
-# checks that they agree with the packages that own them.
-DATASETS = ("fashion_mnist", "cifar10", "synthetic")
-MODELS = ("mlp", "cnn", "cifar10_cnn")
-OPTIMIZERS = ("sgd", "momentum", "adam")
-MODES = ("sync", "async", "ssp")
-DEFAULT_STEPS = 1000
 UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the run
-WIRE_DTYPES = ("float32", "bfloat16", "float16")
-TOWER_BALANCES = ("equal", "measured")
-SUM_ORDERS = ("rank", "arrival")
-TRANSPORTS = ("shm", "grpc")  # --same-node-transport (towerps.shm.TRANSPORTS)
-PUSH_PULL = ("combined", "separate")  # --push-pull (towerps.workers.client.PUSH_PULL)
-NONFINITE = ("reject", "skip-step")
-TLS_CHOICES = ("auto", "on", "off")
+OWN_MODEL_IGNORES = ("dataset", "data_dir", "download", "model", "optimizer", "lr")
 # TensorFlow comes with an extra of its own (pyproject.toml): a plain install has none.
 NO_TENSORFLOW = (
     "towerps: error: TensorFlow is not installed; install towerps with one of its TensorFlow "
@@ -50,41 +41,19 @@ NO_TENSORFLOW = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `towerps` parser; train's and compare's flags come from TrainConfig's
+    fields (cluster/api/flags.py)."""
     parser = argparse.ArgumentParser(
         prog="towerps", description="Parameter-server training of Keras models on Ray."
     )
     parser.add_argument("--version", action="version", version=f"towerps {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a model (a local Ray cluster by default)")
-    _add_job_flags(train)
-    train.add_argument("--config", default=None, metavar="JOB.yaml",
-                       help="read flags from this YAML file (flags given here win); each run "
-                       "writes its resolved job.yaml into its run directory")
-    modes = train.add_argument_group("aggregation mode (docs/modes.md)")
-    modes.add_argument("--mode", choices=MODES, default="sync",
-                       help="sync: average every worker's gradient per step; async: apply each "
-                       "push as it arrives; ssp: async with workers at most --staleness apart")
-    modes.add_argument("--staleness", type=int, default=None, metavar="S",
-                       help="ssp: how many steps a worker may run ahead of the slowest")
-    modes.add_argument("--staleness-lr", action="store_true",
-                       help="async/ssp: divide the lr of each push by its staleness")
-    modes.add_argument("--backup-workers", type=int, default=0, metavar="B",
-                       help="sync: apply a step once all but B workers pushed; drop the late ones")
-    train.add_argument("--resume", default=None, metavar="RUN_DIR",
-                       help="go on from the latest complete checkpoint of RUN_DIR with its saved "
-                       "configuration (only --address and --steps may change it)")
-
+    add_flags(train, "train")
     compare = commands.add_parser(
         "compare", help="train in several modes, one after the other; write report.md and plots"
     )
-    _add_job_flags(compare)
-    add = compare.add_argument
-    add("--modes", default="sync,async,ssp:2",
-        help="comma-separated: sync, backup:B, async, ssp:S; +lr for staleness-aware lr "
-        "(default sync,async,ssp:2)")
-    add("--staleness-lr", action="store_true", help="staleness-aware lr for every async/ssp mode")
-    add("--target-accuracy", type=float, default=None,
-        help="accuracy for the time-to-target column (default: 95%% of the best final accuracy)")
+    add_flags(compare, "compare")
 
     watch = commands.add_parser(
         "status", help="a live table of a run's shards and workers (exit 1 if one is down)")
@@ -102,138 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None,
                        help="where the JSON goes (default benchmarks/results/NAME.json)")
     return parser
-
-
-def _add_job_flags(parser) -> None:
-    """The flags of one training job, shared by `train` and `compare`."""
-    add = parser.add_argument
-    add("--dataset", choices=DATASETS, default="fashion_mnist")
-    add("--data-dir", default=None, help="where to look for / put the data set")
-    add("--no-download", dest="download", action="store_false",
-        help="never download a missing data set (fail with where to get it)")
-    add("--model", type=_model_flag, default=None,
-        help=f"{', '.join(MODELS)} (default: chosen by the data set), or your own "
-        "module:function returning a compiled keras.Model")
-    add("--data", default=None, metavar="MODULE:FUNCTION",
-        help="with --model module:function: a function returning the training data, or a "
-        "dict {'train': ..., 'validation': ...} (arrays (x, y), a tf.data factory, a Ray Dataset)")
-    add("--num-workers", type=int, default=None,
-        help="worker actors (default: one per node with --address, else 2)")
-    add("--num-ps", type=int, default=None,
-        help="parameter-server shard actors (default: one per node with --address, else 2)")
-    add("--min-nodes", type=int, default=1,
-        help="with --address: wait until this many nodes are alive before placing (default 1)")
-    add("--batch-size", type=int, default=128, help="the GLOBAL batch of one step (default 128)")
-    add("--steps", type=int, default=None,
-        help="global batches to train on (default 1000, or unbounded with --budget-s)")
-    add("--budget-s", type=float, default=None,
-        help="stop training after this many seconds (or at --steps, whichever comes first)")
-    add("--optimizer", choices=OPTIMIZERS, default="adam")
-    add("--lr", type=float, default=None, help="default: sgd 0.1, momentum 0.05, adam 0.001")
-    add("--seed", type=int, default=0)
-    add("--address", default=None, help="Ray cluster to join (host:port or auto); default: start a local one")
-    add("--run-dir", default=None, help="where results go (default: runs/<time>-<mode>-<dataset>)")
-    add("--log-every", type=int, default=10, help="steps between metrics.jsonl records")
-    add("--wire-dtype", choices=WIRE_DTYPES, default="float32",
-        help="dtype of gradients and parameters on the wire; shards still apply in float32")
-    add("--same-node-transport", choices=TRANSPORTS, default="shm",
-        help="a worker and a shard on one node pass tensors through shared memory (shm) "
-        "or over gRPC like any other pair (default: %(default)s)")
-    add("--push-pull", choices=PUSH_PULL, default="combined",
-        help="sync: a push's answer carries the next version's parameters, one call per "
-        "shard and step (combined), or the worker pushes, then pulls (default: %(default)s)")
-    add("--checkpoint-every", type=int, default=0, metavar="N",
-        help="checkpoint every shard every N steps (default 0: none)")
-    add("--checkpoint-dir", default=None, metavar="DIR_OR_URI",
-        help="where checkpoints go (default RUN_DIR/checkpoints, via the driver's node); "
-        "a folder every node sees, or a pyarrow.fs URI: s3://, gs://, file://")
-    add("--keep-checkpoints", type=int, default=3, metavar="K",
-        help="complete checkpoints kept (default 3)")
-    add("--spare-workers", type=int, default=0, metavar="K",
-        help="keep K workers set up and waiting, so one takes a dead worker's rank at once "
-        "instead of a cold start (needs --checkpoint-every; the job reserves K more "
-        "worker bundles, each a worker's CPUs and GPUs; default 0)")
-    add("--sum-order", choices=SUM_ORDERS, default="rank",
-        help="sync: add a step's gradients in rank order, so runs repeat bit for bit "
-        "(default), or as they arrive (holds none back)")
-    add("--slow-worker", default=None, metavar="RANK:FACTOR",
-        help="TEST ONLY: make worker RANK compute FACTOR times slower (straggler studies)")
-    add("--dashboard", action="store_true",
-        help="start Ray's dashboard with the local cluster (a joined cluster has its own)")
-    add("--verbose", action="store_true",
-        help="also show TensorFlow's, absl's and Ray's start-up logs")
-    _add_device_flags(parser.add_argument_group("devices of each worker (docs/devices.md)"))
-    _add_security_flags(parser.add_argument_group("data plane security (docs/security.md)"))
-
-
-def _add_security_flags(group) -> None:
-    add = group.add_argument
-    add("--nonfinite", choices=NONFINITE, default="reject",
-        help="a worker's gradient holds NaN/inf: reject (stop the run with an error, "
-             "default) or skip-step (the step applies nothing, as Keras' loss scaling does)")
-    add("--token-file", default=None, metavar="PATH",
-        help="the job secret (64 hex digits, mode 0600); default: a new one in the run dir")
-    add("--tls", choices=TLS_CHOICES, default="auto",
-        help="mutual TLS between workers and shards: auto (on with more than one node), on, off")
-    add("--tls-dir", default=None, metavar="DIR",
-        help="certificates to use instead of a CA made for the job: ca.pem, server.pem, "
-             "server.key, client.pem, client.key")
-
-
-def _security_fields(args) -> dict:
-    return {"token_file": args.token_file, "tls": args.tls,
-            "tls_dir": args.tls_dir}
-
-
-def _add_device_flags(group) -> None:
-    add = group.add_argument
-    add("--gpus-per-worker", type=float, default=0.0,
-        help="Ray num_gpus per worker: one GPU tower per GPU; a fraction below 1 shares a GPU")
-    add("--gpus", type=_int_list, default=None, metavar="I,J",
-        help="which of the worker's visible GPUs get towers (default: all)")
-    add("--cpu-towers", type=int, default=None,
-        help="CPU towers per worker, beside the GPU towers (default: 1 if no GPU, else 0)")
-    add("--cpu-only", action="store_true", help="no GPU towers, even where GPUs are visible")
-    add("--memory-growth", action="store_true", help="GPU memory grows as needed (allow_growth)")
-    add("--gpu-memory-limit-mb", type=int, default=None, help="memory limit of each GPU tower")
-    shared = ("0: TensorFlow's default (a thread per core), or, when several workers "
-              "share a node, each worker's share of its cores")
-    add("--intra-op-threads", type=int, default=0, help=shared)
-    add("--inter-op-threads", type=int, default=0, help=shared)
-    add("--no-soft-placement", dest="soft_placement", action="store_false",
-        help="fail on ops that cannot run on the tower's device instead of moving them")
-    add("--log-device-placement", action="store_true", help="log the device of every op")
-    add("--tower-balance", choices=TOWER_BALANCES, default="equal",
-        help="rows per tower: equal, or measured (in proportion to each tower's speed)")
-    add("--slow-tower", default=None, metavar="INDEX:FACTOR",
-        help="TEST ONLY: make tower INDEX FACTOR times slower")
-
-
-def _model_flag(text: str) -> str:
-    if text in MODELS or text.count(":") == 1:
-        return text
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is neither a built-in model ({', '.join(MODELS)}) nor a module:function")
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU indices")
-
-
-def _device_config(args):
-    from towerps.workers.devices import DeviceConfig
-
-    return DeviceConfig(
-        gpus_per_worker=args.gpus_per_worker, gpus=args.gpus, cpu_towers=args.cpu_towers,
-        cpu_only=args.cpu_only, memory_growth=args.memory_growth,
-        gpu_memory_limit_mb=args.gpu_memory_limit_mb, intra_op_threads=args.intra_op_threads,
-        inter_op_threads=args.inter_op_threads, soft_placement=args.soft_placement,
-        log_device_placement=args.log_device_placement, tower_balance=args.tower_balance,
-        slow_tower=args.slow_tower,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,58 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
             args = parser.parse_args(
                 [argv[0], *file_argv(args.config, _command_parser(parser, "train")), *argv[1:]])
-        if args.model and ":" in args.model:
-            return _report(_train_own_model(args, parser))
-        if args.data:
-            raise TowerpsError("--data feeds a model of your own: give --model module:function "
-                               "too, or use --dataset for the built-in data sets")
-        from towerps.cluster.api.config import TrainConfig
-
-        config = TrainConfig(
-            dataset=args.dataset,
-            data_dir=args.data_dir,
-            download=args.download,
-            model=args.model,
-            **_counts(args),
-            batch_size=args.batch_size,
-            steps=_steps(args),
-            budget_s=args.budget_s,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            seed=args.seed,
-            address=args.address,
-            run_dir=args.run_dir,
-            log_every=args.log_every,
-            wire_dtype=args.wire_dtype,
-            same_node_transport=args.same_node_transport,
-            push_pull=args.push_pull,
-            slow_worker=args.slow_worker,
-            checkpoint_every=args.checkpoint_every,
-            checkpoint_dir=args.checkpoint_dir,
-            keep_checkpoints=args.keep_checkpoints,
-            spare_workers=args.spare_workers,
-            devices=_device_config(args),
-            dashboard=args.dashboard,
-            verbose=args.verbose,
-            **_mode_fields(args),
-            **_security_fields(args),
-        )
-        # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
-        from towerps.cluster.run.driver import train
-
-        if args.command == "compare":
-            return _compare(config, args)
-        if args.resume is not None:
-            from towerps.cluster.run.driver import resume_config
-            from towerps.cluster.run.user import resumed_job
-
-            config = resume_config(args.resume, args.address, args.steps)
-            summary = train(config, resume=True, user=resumed_job(config))
-        else:
-            if args.command == "train":
-                _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
-                config = replace(config, run_dir=args.run_dir)
-            summary = train(config)
+        with _retired_flags(args):
+            return _train(args, parser)
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
         return 2
@@ -316,7 +103,47 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the run's own handlers were in place
         print("towerps: interrupted; nothing saved", file=sys.stderr)
         return exit_status(signal.SIGINT)
-    return _report(summary)
+
+
+def _train(args, parser) -> int:
+    """train or compare, from checked flags; returns the exit status."""
+    if args.model and ":" in args.model:
+        return _report(_train_own_model(args, parser))
+    if args.data:
+        raise TowerpsError("--data feeds a model of your own: give --model module:function "
+                           "too, or use --dataset for the built-in data sets")
+    config = TrainConfig(**job_fields(args))
+    # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
+    from towerps.cluster.run.driver import train
+
+    if args.command == "compare":
+        return _compare(config, args)
+    if args.resume is not None:
+        from towerps.cluster.run.driver import resume_config
+        from towerps.cluster.run.user import resumed_job
+
+        config = resume_config(args.resume, args.address, args.steps)
+        return _report(train(config, resume=True, user=resumed_job(config)))
+    _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
+    return _report(train(replace(config, run_dir=args.run_dir)))
+
+
+@contextlib.contextmanager
+def _retired_flags(args):
+    """--slow-worker and --slow-tower are test seams now (towerps.testing);
+    given here, they still act, with a warning, until they go."""
+    given = {flag: value for flag, value in (("--slow-worker", args.slow_worker),
+                                             ("--slow-tower", args.slow_tower)) if value}
+    if not given:
+        yield
+        return
+    from towerps.testing import Faults, injected
+
+    named = " ".join(f"{flag} {value}" for flag, value in given.items())
+    print(f"towerps: warning: {named}: slowdowns are a test seam now and these flags will go; "
+          f"run `python -m towerps.testing {args.command} ... {named}` instead", file=sys.stderr)
+    with injected(Faults.parse(args.slow_worker, args.slow_tower)):
+        yield
 
 
 def _report(summary) -> int:
@@ -365,42 +192,34 @@ def _train_own_model(args, parser):
     ship_by_value(build, *([data.train] if data.kind == "tf_data" else []))
     run_dir = args.run_dir or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-model")
     _write_job_file(args, parser, run_dir)
-    return fit_job(
-        UserJob(build, data), model_fn=args.model, data_fn=args.data, **_counts(args),
-        batch_size=args.batch_size, steps=args.steps, budget_s=args.budget_s, seed=args.seed,
-        address=args.address, run_dir=run_dir, log_every=args.log_every,
-        wire_dtype=args.wire_dtype, same_node_transport=args.same_node_transport,
-        push_pull=args.push_pull,
-        slow_worker=args.slow_worker, devices=_device_config(args),
-        checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-        keep_checkpoints=args.keep_checkpoints, spare_workers=args.spare_workers,
-        dashboard=args.dashboard, verbose=args.verbose,
-        **_mode_fields(args), **_security_fields(args),
-    ).summary
+    return fit_job(UserJob(build, data), **own_model_fields(args)).summary
 
 
-def _counts(args) -> dict:
-    """Neither count given while joining a cluster: one shard and one worker per node."""
-    per_node = args.address is not None and args.num_workers is None and args.num_ps is None
-    return {"num_workers": 2 if args.num_workers is None else args.num_workers,
-            "num_ps": 2 if args.num_ps is None else args.num_ps,
-            "per_node": per_node, "min_nodes": args.min_nodes}
+def job_fields(args) -> dict:
+    """TrainConfig's fields from train's or compare's flags. Joining a cluster
+    with neither count given: one shard and one worker per node."""
+    fields = config_fields(args, args.command)
+    fields["per_node"] = (args.address is not None and args.num_workers is None
+                          and args.num_ps is None)
+    fields["steps"] = _steps(args)
+    return fields
+
+
+def own_model_fields(args) -> dict:
+    """`job_fields` of a run of one's own model (--model module:function): the
+    reference is its model_fn; the data set and optimizer are the model's own."""
+    fields = job_fields(args)
+    fields["model_fn"] = args.model
+    for name in OWN_MODEL_IGNORES:
+        fields.pop(name, None)
+    return fields
 
 
 def _steps(args) -> int:
+    """--steps, or, without it, unbounded with --budget-s (the budget ends the run)."""
     if args.steps is not None:
         return args.steps
     return UNBOUNDED_STEPS if args.budget_s is not None else DEFAULT_STEPS
-
-
-def _mode_fields(args) -> dict:
-    from towerps.ps.modes import Mode
-
-    if args.command == "compare":
-        # Each mode of --modes sets the rest; the sum order and --nonfinite hold for them all.
-        return {"mode": Mode(sum_order=args.sum_order, nonfinite=args.nonfinite)}
-    return {"mode": Mode(args.mode, args.staleness, args.staleness_lr, args.backup_workers,
-                         args.sum_order, args.nonfinite)}
 
 
 def _compare(config, args) -> int:

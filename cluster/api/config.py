@@ -3,103 +3,222 @@
 `TrainConfig` is frozen and validated in `__post_init__`: a bad value raises
 ConfigError naming the value and the fix, before Ray or any actor starts.
 
+Each field is declared once, with its flag, help and key
+(src/towerps/options.py): the `towerps train` and `compare` flags
+(cluster/api/flags.py), job.yaml, config.json and summary.json's "config"
+(`to_dict`, `from_dict`) and README.md's flag table are made from these
+declarations, and tests/unit/test_config_flags.py round-trips every field
+through each of them.
+
 The mode is one `Mode` (ps/modes.py), passed as it is to the shards and
 the workers; `mode="ssp:2"` is short for `mode=Mode("ssp", staleness=2)`
-(the names `towerps compare --modes` takes). `to_dict` writes it as the
-CLI's flags (mode, staleness, staleness_lr, backup_workers, sum_order), as
-summary.json's "config" always had it.
+(the names `towerps compare --modes` takes). `to_dict` writes its fields as
+the CLI's flags (mode, staleness, staleness_lr, backup_workers, sum_order,
+nonfinite), in its place, as summary.json's "config" always had them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass
 
+from towerps import options
+from towerps.choices import (DATASETS, DEFAULT_LR, DEFAULT_MODEL, MODELS, OPTIMIZERS, PUSH_PULL,
+                             TLS_CHOICES, TRANSPORTS, WIRE_DTYPES)
 from towerps.errors import ConfigError
-from towerps.shm import TRANSPORTS
-from towerps.workers.client import PUSH_PULL
-from towerps.wire import WIRE_DTYPES
-from towerps.ps.checkpoint import check_no_credentials
-from towerps.ps.modes import MODES, Mode  # MODES: re-exported for the CLI's check
-from towerps.ps.optimizers import DEFAULT_LR, OPTIMIZERS
-from towerps.workers.data import DATASETS
+from towerps.options import Flag, option
+from towerps.ps.modes import Mode
 from towerps.workers.devices import DeviceConfig
-from towerps.workers.faults import parse_slow
-from towerps.workers.catalog import DEFAULT_MODEL, MODELS
-
 
 CONFIG_FILE = "config.json"  # in the run directory: the configuration, for --resume
-TLS_CHOICES = ("auto", "on", "off")
+DEFAULT_STEPS = 1000
+
+
+def model_flag(text: str) -> str:
+    """--model: a built-in model's name or the module:function of one's own."""
+    if text in MODELS or text.count(":") == 1:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a built-in model ({', '.join(MODELS)}) nor a module:function")
+
+
+def _security(name: str, help: str, **kwargs) -> Flag:
+    return Flag(name, help, group="security", **kwargs)
+
+
+_LRS = ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    dataset: str = "fashion_mnist"
-    data_dir: str | None = None
-    download: bool = True  # fetch a missing data set where the network allows
-    model: str | None = None  # None: the data set's default model
+    dataset: str = option("fashion_mnist", Flag(
+        "--dataset", "the data set; synthetic is generated, learnable and needs no files",
+        choices=DATASETS))
+    data_dir: str | None = option(None, Flag(
+        "--data-dir", "where to look for / put the data set (an existing directory; ~ is "
+        "expanded)", metavar="DIR"))
+    download: bool = option(True, Flag(  # fetch a missing data set where the network allows
+        "--no-download", "never download a missing data set; fail with where to get it"))
+    model: str | None = option(None, Flag(  # None: the data set's default model
+        "--model", f"{', '.join(MODELS)} (default: chosen by the data set), or your own "
+        "module:function returning a compiled keras.Model (with --data)", parse=model_flag,
+        doc=f"{', '.join(f'`{m}`' for m in MODELS)}; default by data set "
+        f"({', '.join(f'`{m}` for {d}' for d, m in DEFAULT_MODEL.items())}). `cifar10_cnn` is "
+        "the classic tutorial CNN on 24x24x3 crops, 1,068,298 parameters. Or `module:function`: "
+        "your own compiled Keras model, with `--data` (see \"Train your own model\")"))
     # sync, async or ssp, with its staleness bound, staleness-aware lr or backup
-    # workers, and the order a sync step adds its pushes in (ps/modes.py).
-    mode: Mode = Mode()
-    num_workers: int = 2
-    num_ps: int = 2
+    # workers, the order a sync step adds its pushes in, and what a gradient
+    # with NaN/inf does (ps/modes.py): its fields are flags and keys of their own.
+    mode: Mode = option(Mode(), flat=True)
+    num_workers: int = option(2, Flag(
+        "--num-workers", "worker actors (default: one per node with --address, else 2)",
+        parse=int, metavar="N", default=None,
+        doc="worker actors. Default: joining a cluster (`--address`) with neither count "
+        "given, one worker and one shard per node, a placement-group bundle per node "
+        "([deploy/README.md](deploy/README.md)); otherwise 2"))
+    num_ps: int = option(2, Flag(
+        "--num-ps", "parameter-server shard actors (default: one per node with --address, "
+        "else 2)", parse=int, metavar="N", default=None))
     # Joining a cluster: one shard and one worker per alive node, set once the
     # driver has joined (cluster/run/reservation.py); the counts above are checked
     # first, then replaced.
-    per_node: bool = False
-    min_nodes: int = 1  # wait until this many nodes are alive before placing
-    batch_size: int = 128  # the GLOBAL batch of one step, split across workers
-    steps: int = 1000  # global batches of examples, in every mode
-    budget_s: float | None = None  # end training after this long, if --steps are not done
-    eval_points: int = 0  # >0: test accuracy along the way at ~eval_points..2x moments
-    optimizer: str = "adam"  # the user's model: its compiled optimizer's class name
-    lr: float | None = None  # None: the optimizer's default
-    seed: int = 0
-    address: str | None = None  # None: start a local Ray cluster
+    per_node: bool = option(False, unflagged="the CLI sets it: --address without "
+                            "--num-workers or --num-ps")
+    min_nodes: int = option(1, Flag(  # wait until this many nodes are alive before placing
+        "--min-nodes", "with --address: wait (up to 15 minutes) until N nodes are alive "
+        "before placing; a cluster fresh from `ray up` is still adding its workers",
+        parse=int, metavar="N"))
+    batch_size: int = option(128, Flag(  # the GLOBAL batch of one step, split across workers
+        "--batch-size", "the GLOBAL batch of one step, split in contiguous slices across "
+        "the workers (a multiple of --num-workers)", parse=int, metavar="B"))
+    steps: int = option(DEFAULT_STEPS, Flag(  # global batches of examples, in every mode
+        "--steps", "global batches to train on (default 1000, or unbounded with --budget-s)",
+        parse=int, metavar="N", default=None))
+    budget_s: float | None = option(None, Flag(  # end training after this long
+        "--budget-s", "stop training after S seconds, or at --steps, whichever comes first",
+        parse=float, metavar="S"))
+    # >0: test accuracy along the way at ~eval_points..2x moments
+    eval_points: int = option(0, unflagged="towerps compare sets it (each run's accuracy "
+                              "curve); towerps.fit takes it")
+    optimizer: str = option("adam", Flag(  # the user's model: its compiled optimizer's class name
+        "--optimizer", "the built-in models' optimizer (a model of your own trains with the "
+        "one it is compiled with)", choices=OPTIMIZERS))
+    lr: float | None = option(None, Flag(  # None: the optimizer's default
+        "--lr", f"learning rate (default per optimizer: {_LRS})", parse=float, metavar="X"))
+    seed: int = option(0, Flag(
+        "--seed", "seed of the initial weights and of the data's order", parse=int,
+        metavar="N"))
+    address: str | None = option(None, Flag(  # None: start a local Ray cluster
+        "--address", "Ray cluster to join (host:port or auto); default: start a local one",
+        metavar="ADDR"))
     # None: runs/<timestamp>-<mode>-<dataset>. `~` is expanded; joining a
     # cluster, a relative path is relative to the home directory (a submitted
     # job's working directory is a temporary folder).
-    run_dir: str | None = None
-    log_every: int = 10  # steps between metrics.jsonl records
-    wire_dtype: str = "float32"  # gradients and pulled parameters on the wire
+    run_dir: str | None = option(None, Flag(
+        "--run-dir", "where results go (default: runs/<time>-<mode>-<dataset>; ~ is expanded)",
+        metavar="DIR",
+        doc="where results go (default `runs/<time>-<mode>-<dataset>`); `~` is expanded; "
+        "with `--address`, a relative path is relative to your home directory on the node "
+        "running the driver (the head node, for a submitted job)"))
+    log_every: int = option(10, Flag(
+        "--log-every", "steps between metrics.jsonl records", parse=int, metavar="N"))
+    wire_dtype: str = option("float32", Flag(  # gradients and pulled parameters on the wire
+        "--wire-dtype", "dtype of gradients and pulled parameters on the wire (half the "
+        "bytes with 16-bit types); shards accumulate and apply in float32",
+        choices=WIRE_DTYPES))
     # A worker and a shard on the same node: tensor bytes through shared
     # memory ("shm", src/towerps/shm.py) or, like other pairs, gRPC chunks.
-    same_node_transport: str = "shm"
+    same_node_transport: str = option("shm", Flag(
+        "--same-node-transport", "a worker and a shard on one node pass tensor bytes through "
+        "shared memory in /dev/shm (shm; the gRPC call still carries the step, the "
+        "credentials and the checks) or over gRPC like any other pair (grpc)",
+        choices=TRANSPORTS))
     # Sync: a push's answer carries the next version's parameters, one call
     # per shard and step ("combined"), or the worker pushes, then pulls ("separate").
-    push_pull: str = "combined"
-    # TEST ONLY: "RANK:FACTOR" slows one worker's compute (workers/faults.py)
-    slow_worker: str | None = None
-    # TEST ONLY: a workers/faults.py Faults whose holds and deaths workers
-    # install; set by tests and benchmarks, never saved (config.json, job.yaml).
-    faults: object = None
-    pull_timeout_s: float = 300.0
+    push_pull: str = option("combined", Flag(
+        "--push-pull", "sync: a push's answer carries the next version's parameters, one "
+        "call per shard and step (combined), or the worker pushes, then pulls (separate)",
+        choices=PUSH_PULL))
+    pull_timeout_s: float = option(300.0, unflagged="how long a worker waits for a "
+                                   "version; TrainConfig and towerps.fit take it")
     # Shard checkpoints (ps/checkpoint.py, cluster/recovery/checkpoint_plan.py): every N
     # global batches (0: none), into the run directory or a pyarrow.fs URI.
-    checkpoint_every: int = 0
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 3
+    checkpoint_every: int = option(0, Flag(
+        "--checkpoint-every", "checkpoint every shard every N steps (0: none); with "
+        "checkpoints a shard or worker that dies is brought back inside the running job",
+        parse=int, metavar="N",
+        doc="checkpoint every shard every N steps, without stopping training (the state is "
+        "copied under each shard's lock and written by a thread); 0: none. With checkpoints, "
+        "a shard or worker whose process dies is brought back inside the running job: a dead "
+        "shard from the latest complete checkpoint (every shard goes back to it), a dead "
+        "worker by a new one that takes its rank; in sync mode the run still ends with the "
+        "weights it would have had, bit for bit. Each recovery is in summary.json's "
+        "`recoveries`"))
+    checkpoint_dir: str | None = option(None, Flag(
+        "--checkpoint-dir", "where checkpoints go (default RUN_DIR/checkpoints, via the "
+        "driver's node): a folder every node sees, or a pyarrow.fs URI: s3://, gs://, file://",
+        metavar="DIR_OR_URI",
+        doc="where checkpoints go: default `RUN_DIR/checkpoints`, written on the driver's "
+        "node (parts travel there through Ray, so losing any other node loses none); or a "
+        "folder every node sees, or any `pyarrow.fs` URI (`s3://`, `gs://`, `file://`), "
+        "written by the shards themselves. An S3-compatible server elsewhere than AWS: "
+        "`s3://bucket/prefix?endpoint_override=HOST:PORT&scheme=http` (also `region=`). "
+        "Credentials never go in the URI (it is saved in config.json and summary.json; "
+        "towerps refuses one that carries them): the AWS SDK under pyarrow reads "
+        "`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`) from the "
+        "environment, then `~/.aws/credentials`, then the machine's role; set them where the "
+        "driver and every Ray node run (`ray start` inherits its shell's environment). GCS: "
+        "`GOOGLE_APPLICATION_CREDENTIALS` or the machine's service account"))
+    keep_checkpoints: int = option(3, Flag(
+        "--keep-checkpoints", "complete checkpoints kept", parse=int, metavar="K"))
     # Warm workers kept ready to take a dead worker's rank at once
     # (cluster/recovery/spares.py); each holds one more worker bundle. Needs checkpoints.
-    spare_workers: int = 0
+    spare_workers: int = option(0, Flag(
+        "--spare-workers", "with --checkpoint-every: keep K workers set up and waiting, so "
+        "one takes a dead worker's rank at once instead of a cold start (the job reserves K "
+        "more worker bundles, each a worker's CPUs and GPUs)", parse=int, metavar="K",
+        doc="with `--checkpoint-every`: keep K workers set up in advance (TensorFlow "
+        "imported, model built), so a dead worker's rank is taken at once instead of by a "
+        "cold start; a new spare then warms in the freed bundle. The job reserves K more "
+        "worker bundles (a worker's CPUs and GPUs each)"))
     # The data plane (docs/security.md): every call carries the job's token;
     # token_file: the operator's job secret (None: the driver makes one);
     # tls: auto (on when the cluster has more than one node) | on | off;
     # tls_dir: the operator's certificates (None: a CA made for the job).
-    token_file: str | None = None
-    tls: str = "auto"
-    tls_dir: str | None = None
+    token_file: str | None = option(None, _security(
+        "--token-file", "the job secret (64 hex digits, mode 0600); default: a new one in "
+        "the run directory", metavar="PATH"))
+    tls: str = option("auto", _security(
+        "--tls", "mutual TLS between workers and shards: auto (on when the job spans more "
+        "than one node), on, off", choices=TLS_CHOICES))
+    tls_dir: str | None = option(None, _security(
+        "--tls-dir", "certificates to use instead of a CA made for the job: ca.pem, "
+        "server.pem, server.key, client.pem, client.key", metavar="DIR"))
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
-    devices: DeviceConfig = field(default_factory=DeviceConfig)
-    verbose: bool = False  # show TensorFlow's, absl's and Ray's start-up logs
-    dashboard: bool = False  # local mode: start Ray's dashboard too
+    devices: DeviceConfig = option(factory=DeviceConfig)
+    verbose: bool = option(False, Flag(  # show TensorFlow's, absl's and Ray's start-up logs
+        "--verbose", "also show TensorFlow's, absl's and Ray's start-up logs (hidden by "
+        "default: a run prints towerps' own lines, the progress bar and errors)"))
+    dashboard: bool = option(False, Flag(  # local mode: start Ray's dashboard too
+        "--dashboard", "start Ray's dashboard with the local cluster and print its address "
+        "(a joined cluster has its own)"))
 
     # The user's own model (towerps.fit, --model module:function): its build
     # function as `module:function`; `dataset` then names the kind of data
     # (arrays, tf_data, ray_data) and `optimizer` the compiled optimizer.
-    model_fn: str | None = None
-    data_fn: str | None = None  # --data module:function, when the data came from one
+    model_fn: str | None = option(None, unflagged="--model module:function sets it; "
+                                  "towerps.fit: the build function")
+    # --data module:function, when the data came from one
+    data_fn: str | None = option(None, Flag(
+        "--data", "with --model module:function: a function returning the training data, or "
+        "a dict {'train': ..., 'validation': ...} (arrays (x, y), a tf.data factory, a Ray "
+        "Dataset)", metavar="MODULE:FUNCTION", dest="data"))
+
+    # Keys older versions wrote that no longer act (src/towerps/options.py's from_dict).
+    RETIRED_KEYS = {"slow_worker": "slowdowns are a test seam now (towerps.testing); "
+                    "the run goes on at full speed"}
 
     def __post_init__(self):
         # A quoted '~/runs' (ray job submit, YAML) reaches us unexpanded.
@@ -148,8 +267,6 @@ class TrainConfig:
                 f"over --num-workers {self.num_workers}; use a multiple of {self.num_workers} "
                 f"(e.g. {self.batch_size - self.batch_size % self.num_workers or self.num_workers})"
             )
-        if self.slow_worker is not None:
-            parse_slow("--slow-worker", self.slow_worker, self.num_workers, "RANK")
         self.mode.quorum(self.num_workers)  # backups below the workers
         if self.min_nodes > 1 and self.address is None:
             raise ConfigError(
@@ -169,6 +286,8 @@ class TrainConfig:
         if self.keep_checkpoints < 1:
             raise ConfigError(f"--keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.checkpoint_dir is not None:
+            from towerps.ps.checkpoint import check_no_credentials  # numpy: only when needed
+
             check_no_credentials(self.checkpoint_dir)  # config.json would keep them
         if self.checkpoint_dir is not None and not self.checkpoint_every:
             raise ConfigError(
@@ -214,33 +333,15 @@ class TrainConfig:
         return path
 
     def to_dict(self) -> dict:
-        """JSON values: the mode as its CLI flags, in the mode's place."""
-        data = {}
-        for f in fields(self):
-            if f.name == "faults":
-                continue
-            if f.name == "mode":
-                m = self.mode
-                data.update(mode=m.name, staleness=m.staleness, staleness_lr=m.staleness_lr,
-                            backup_workers=m.backup_workers, sum_order=m.sum_order)
-            else:
-                value = getattr(self, f.name)
-                data[f.name] = asdict(value) if is_dataclass(value) else value
-        return data
+        """JSON values by key (config.json, summary.json's "config"): the mode's
+        fields as the CLI's flags, in the mode's place; devices as a dict."""
+        return options.to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         """From `to_dict()` output (config.json); keys this version does not know
         are ignored, missing ones take their defaults."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        if isinstance(values.get("devices"), dict):
-            values["devices"] = DeviceConfig(**values["devices"])
-        if isinstance(values.get("mode"), str):  # written as the CLI's mode flags
-            flags = {k: data[k] for k in ("staleness", "staleness_lr", "backup_workers",
-                                          "sum_order") if k in data}
-            values["mode"] = Mode(values["mode"], **flags)
-        return cls(**values)
+        return options.from_dict(cls, data)
 
     def save(self, run_dir: str) -> str:
         """Write config.json into `run_dir` (what `towerps train --resume` reads)."""

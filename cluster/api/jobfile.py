@@ -13,7 +13,9 @@ written back into the run directory so that any run can be repeated exactly.
 The file's entries become command-line tokens placed before the real ones,
 so argparse checks them (types, choices) exactly as it checks flags, and a
 flag on the command line overrides the file. An unknown key is an error
-naming it and the keys there are.
+naming it and the keys there are. The keys are the flags' (cluster/api/flags.py,
+made from TrainConfig's fields): every listed flag of `train` is written; a
+retired flag's key is still read (older runs' job.yaml hold it).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def write_job_file(run_dir: str, args: argparse.Namespace,
 
     values = {}
     for dest, action in _actions(parser).items():
+        if action.help is argparse.SUPPRESS:  # a retired flag: read, never written
+            continue
         value = getattr(args, dest, None)
         values[dest] = list(value) if isinstance(value, tuple) else value
     os.makedirs(run_dir, exist_ok=True)

@@ -226,7 +226,7 @@ class WorkerJob:
     plan: object  # towerps.ps.placement.PlacementPlan
     wire_dtype: str
     devices: object = None  # towerps.workers.devices.DeviceConfig; None: the defaults
-    faults: object = None  # towerps.workers.faults.Faults (test only); None: none
+    faults: object = None  # test seams, a towerps.workers.seams.Seams; None: none
     # The user's own model: its build function (then `dataset` and `model` only
     # describe it, and setup's `inputs` feed it) and an explicit loss, if any.
     user_model: object = None
@@ -289,7 +289,7 @@ class WorkerActor:
         """The slow part of setting up: devices, data set, towers (seconds)."""
         from towerps.workers.devices import (DeviceConfig, configure_devices, share_cores,
                                              tensorflow_threads)
-        from towerps.workers.faults import Faults
+        from towerps.workers.seams import Seams
         from towerps.workers.tower_group import TowerGroup
 
         # Devices first: TensorFlow fixes them when it initialises. A bad
@@ -301,7 +301,7 @@ class WorkerActor:
 
         self._dataset, make_model = _data_and_model(spec, job, inputs)
         # Test-only slowdowns wrap the towers; the worker loop cannot tell.
-        self._faults = job.faults or Faults()
+        self._faults = job.faults or Seams()
         self._towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                         wrap=self._faults.wrap_towers, loss=job.loss)
 

@@ -1,7 +1,7 @@
 """`towerps compare`: one job in several modes, one after the other, and a report.
 
     towerps compare --dataset fashion_mnist --modes sync,async,ssp:2 --num-workers 2 --steps 400
-    towerps compare --modes sync,backup:1,async --slow-worker 1:4 --budget-s 60
+    python -m towerps.testing compare --modes sync,backup:1,async --slow-worker 1:4 --budget-s 60
 
 Every mode trains on the same data, model and seed: the runs' TrainConfigs
 differ only in their mode fields and run folder (run_dir/<mode>/). One Ray
@@ -10,7 +10,8 @@ its test-accuracy curve can be drawn; then run_dir/report.md, compare.json
 and the PNG plots compare them (cluster/observe/report.py).
 
 Modes: sync, backup:B (sync with B backup workers), async, ssp:S; a trailing
-+lr turns on the staleness-aware learning rate for that entry.
++lr turns on the staleness-aware learning rate for that entry. A straggler
+(the second command) is a test seam, towerps.testing's: the report names it.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from towerps.cluster.run.user import UserJob
 from towerps.errors import ConfigError
 from towerps.ps.optimizers import KerasState
 from towerps.workers.catalog import NUM_VARIABLES
+from towerps.workers.seams import installed
 from towerps.ps.placement import PlacementPlan, plan_placement
 
 if TYPE_CHECKING:  # TensorFlow loads on a thread while Ray starts (_Preparing)
@@ -451,7 +452,8 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
             for r in reports
         ],
         run_dir=job.run_dir,
-        config=config.to_dict(),
+        # and what a test's seams changed, if any (a slow worker: workers/seams.py)
+        config={**config.to_dict(), **installed().describe()},
         test_metrics=final.metrics if final else {},
         checkpoints=None if job.checkpoints is None else CheckpointSummary.of(
             config.checkpoint_every, job.checkpoints.uri,

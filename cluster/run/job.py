@@ -50,7 +50,7 @@ from towerps.ps.placement import PlacementPlan
 from towerps.ps.saved_state import join_optimizer_states, optimizer_state
 from towerps.shm import new_run_prefix, sweep
 from towerps.workers import PSClient
-from towerps.workers.faults import Faults
+from towerps.workers.seams import installed
 
 FINAL_PULL_TIMEOUT_S = 60.0
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
@@ -177,7 +177,7 @@ class Job:
         c, user = self.config, payload.user
         job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
                         self.addresses, self.plan, c.wire_dtype, devices=c.devices,
-                        faults=Faults.of(c), user_model=user and user.build_model,
+                        faults=installed().for_job(c), user_model=user and user.build_model,
                         loss=user and user.loss, same_node=self.segment_prefix,
                         shard_nodes=tuple(self._shard_nodes()),
                         worker_nodes=tuple(self.reservation.worker_nodes()))
@@ -287,7 +287,7 @@ class Job:
 
     def _replacement_job(self) -> WorkerJob:
         """The WorkerJob a replacement is set up with: the shards where they are
-        now, without the one-time test faults."""
+        now, without the one-time test faults (workers/seams.py)."""
         job = self._worker_setup[0]
         return dataclasses.replace(job, addresses=self.addresses,
                                    shard_nodes=tuple(self._shard_nodes()),

@@ -14,22 +14,26 @@ import sys
 from pathlib import Path
 
 from towerps.cluster import TrainConfig, train
-from towerps.workers.faults import Faults, Hold
+from towerps.testing import Faults, Hold, injected
 
 STEPS, BATCH, CHECKPOINT_EVERY, HOLD_STEP = 60, 64, 10, 25
 
 
-def config(address: str, run_dir: str, hold_dir: str | None) -> TrainConfig:
-    holds = () if hold_dir is None else tuple(
-        Hold(rank, HOLD_STEP, str(Path(hold_dir) / f"release-{rank}"), timeout_s=240)
-        for rank in range(2))
+def config(address: str, run_dir: str) -> TrainConfig:
     return TrainConfig(dataset="fashion_mnist", download=False, num_workers=2, num_ps=2,
                        min_nodes=2, address=address, batch_size=BATCH, steps=STEPS,
                        optimizer="sgd", lr=0.1, seed=5, log_every=5, run_dir=run_dir,
-                       checkpoint_every=CHECKPOINT_EVERY, faults=Faults(holds=holds),
-                       pull_timeout_s=180.0)
+                       checkpoint_every=CHECKPOINT_EVERY, pull_timeout_s=180.0)
+
+
+def faults(hold_dir: str | None) -> Faults:
+    """Every worker holding before HOLD_STEP, with HOLD_DIR; none without."""
+    return Faults(holds=() if hold_dir is None else tuple(
+        Hold(rank, HOLD_STEP, str(Path(hold_dir) / f"release-{rank}"), timeout_s=240)
+        for rank in range(2)))
 
 
 if __name__ == "__main__":
     address, run_dir, *hold = sys.argv[1:]
-    train(config(address, run_dir, hold[0] if hold else None), progress=False)
+    with injected(faults(hold[0] if hold else None)):
+        train(config(address, run_dir), progress=False)

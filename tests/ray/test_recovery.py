@@ -11,7 +11,7 @@ each run ends with the weights of the same run without the failures (one
 clean run, shared), bit for bit, and summary.json records each recovery.
 SSP and async complete with every global batch applied once.
 
-The moments are fixed by test seams (workers/faults.py), not by timing: a
+The moments are fixed by test seams (towerps.testing), not by timing: a
 worker holds before one push until the test has done its killing.
 """
 
@@ -33,7 +33,7 @@ from towerps.cluster import train
 from towerps.ps import Mode
 from towerps.errors import ActorDied
 from towerps.shm import SEGMENT_DIR
-from towerps.workers.faults import Faults, Hold
+from towerps.testing import Faults, Hold, injected
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -74,16 +74,18 @@ def pid_of(run_dir, role: str, index: int) -> int:
 
 
 class Background:
-    """`train(config)` on a thread; `result()` joins it and returns the summary."""
+    """`train(config)` on a thread, with `faults` injected (towerps.testing);
+    `result()` joins it and returns the summary."""
 
-    def __init__(self, config):
+    def __init__(self, config, faults=None):
         self.outcome = {}
-        self.thread = threading.Thread(target=self._run, args=(config,), daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(config, faults), daemon=True)
         self.thread.start()
 
-    def _run(self, config):
+    def _run(self, config, faults):
         try:
-            self.outcome["summary"] = train(config, progress=False)
+            with injected(faults):
+                self.outcome["summary"] = train(config, progress=False)
         except BaseException as err:  # handed to the test's thread
             self.outcome["error"] = err
 
@@ -127,7 +129,7 @@ def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_fai
     faults = Faults(holds=(Hold(rank=0, step=6, release=release_6),
                            Hold(rank=1, step=13, release=release_13)),
                     die_in_push=(2, 9))
-    run = Background(job(run_dir, steps=STEPS, faults=faults))
+    run = Background(job(run_dir, steps=STEPS), faults)
     wait_for_file(release_6 + ".held")
     wait_for_file(run_dir / "checkpoints" / "v0000000004" / "MANIFEST.json")
     killed_shard = pid_of(run_dir, "ps", 1)
@@ -187,7 +189,7 @@ def test_a_worker_killed_twice_and_shards_killed_in_turn_and_all_at_once(clean, 
     run_dir = tmp_path / "killed"
     release = {step: str(tmp_path / f"release-{step}") for _, step, _, _ in KILLS}
     holds = tuple(Hold(rank, step, release[step]) for rank, step, _, _ in KILLS)
-    run = Background(job(run_dir, steps=STEPS, faults=Faults(holds=holds)))
+    run = Background(job(run_dir, steps=STEPS), Faults(holds=holds))
     killed = []
     for _, step, checkpoint, victims in KILLS:
         wait_for_file(release[step] + ".held")
@@ -228,8 +230,8 @@ def test_ssp_and_async_recover_a_worker_dying_in_a_push_and_a_killed_shard_witho
     release = str(tmp_path / "release")
     faults = Faults(holds=(Hold(rank=0, step=15, release=release),), die_in_push=(2, 7))
     # A checkpoint every 2 global batches: 6 versions, one per push.
-    config = replace(job(run_dir, steps=steps, mode=mode, faults=faults), checkpoint_every=2)
-    run = Background(config)
+    config = replace(job(run_dir, steps=steps, mode=mode), checkpoint_every=2)
+    run = Background(config, faults)
     wait_for_file(release + ".held")
     wait_for_file(run_dir / "checkpoints" / "v0000000012" / "MANIFEST.json")
     os.kill(pid_of(run_dir, "ps", 0), signal.SIGKILL)
@@ -288,8 +290,8 @@ def test_a_sigkilled_workers_shared_memory_is_removed_with_or_without_a_recovery
         run_dir = tmp_path / f"every-{checkpoints}"
         release = str(tmp_path / f"release-{checkpoints}")
         faults = Faults(holds=(Hold(rank=1, step=6, release=release),))
-        run = Background(replace(job(run_dir, steps=8, faults=faults, same_node_transport="shm"),
-                                 checkpoint_every=checkpoints))
+        run = Background(replace(job(run_dir, steps=8, same_node_transport="shm"),
+                                 checkpoint_every=checkpoints), faults)
         wait_for_file(release + ".held")
         killed = pid_of(run_dir, "worker", 1)
         assert any(f"-w1-s0-p{killed}-" in n for n in segments_of(run_dir))
@@ -357,7 +359,7 @@ def test_a_spare_takes_a_killed_workers_rank_and_the_run_ends_as_without_the_kil
     run_dir = tmp_path / "spare"
     release = str(tmp_path / "release-9")
     faults = Faults(holds=(Hold(rank=1, step=9, release=release),))
-    run = Background(job(run_dir, steps=STEPS, spare_workers=1, faults=faults))
+    run = Background(job(run_dir, steps=STEPS, spare_workers=1), faults)
     wait_for_file(release + ".held")
     spare = pid_of(run_dir, "spare", 0)
     killed = pid_of(run_dir, "worker", 1)

@@ -5,7 +5,7 @@ with the weights of a clean run, bit for bit.
 A rollback after some workers' runs had ended (each pushed its last step)
 starts them again, in a new actor if one died meanwhile.
 
-The moments are fixed by test seams (workers/faults.py: a worker holds
+The moments are fixed by test seams (towerps.testing: a worker holds
 before a push until the test releases it) and by the shards' own counters.
 """
 
@@ -21,7 +21,7 @@ from tests.ray.test_recovery import Background, pid_of, wait_for_file, wait_repl
 from towerps.cluster import train
 from towerps.cluster.run.security import read_cluster_json
 from towerps.cluster.observe.status import ShardReader
-from towerps.workers.faults import Faults, Hold
+from towerps.testing import Faults, Hold
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -63,8 +63,8 @@ def test_a_rollback_after_runs_ended_runs_them_again(ray_cluster, clean, tmp_pat
     worker 2 runs again and a new actor takes rank 1."""
     run_dir = tmp_path / "ended"
     release = str(tmp_path / "release")
-    run = Background(job(run_dir, steps=STEPS,
-                         faults=Faults(holds=(Hold(rank=0, step=STEPS - 1, release=release),))))
+    run = Background(job(run_dir, steps=STEPS),
+                     Faults(holds=(Hold(rank=0, step=STEPS - 1, release=release),)))
     wait_for_file(release + ".held")
     wait_for_pushes(run_dir, (STEPS - 1) * WORKERS + 2)
     os.kill(pid_of(run_dir, "worker", 1), signal.SIGKILL)

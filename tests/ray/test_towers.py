@@ -18,6 +18,7 @@ from towerps.cluster import TrainConfig, train
 from towerps.cluster.run.actors import actor_options, worker_resources
 from towerps.errors import ConfigError
 from towerps.ps.optimizers import make_optimizer
+from towerps.testing import Faults, injected
 from towerps.workers.variables import ModelVariables
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.workers.devices import DeviceConfig
@@ -77,10 +78,11 @@ def test_measured_balance_shifts_rows_from_a_slow_tower_and_keeps_parity(gpu_clu
     delay). The global batch of every step is unchanged, so the weights still
     match one process; the slow towers end with fewer rows."""
     steps = 10  # rebalances after step 7 (2 warm-up steps + a 5-step window)
-    devices = DeviceConfig(cpu_towers=2, tower_balance="measured", slow_tower="1:8")
+    devices = DeviceConfig(cpu_towers=2, tower_balance="measured")
     config = TrainConfig(num_workers=2, steps=steps, run_dir=str(tmp_path), devices=devices,
                          **COMMON)
-    summary = train(config, progress=False)
+    with injected(Faults(slow_tower=(1, 8.0))):
+        summary = train(config, progress=False)
 
     assert_weights_match(tmp_path, one_process_weights(steps))
     assert summary.pushes_applied == [2 * steps, 2 * steps]

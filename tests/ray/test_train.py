@@ -12,6 +12,7 @@ from towerps.cluster import TrainConfig, train
 from towerps.cluster.api.summary import RunSummary
 from towerps.ps.optimizers import make_optimizer
 from towerps.shm import SEGMENT_DIR
+from towerps.testing import Faults, injected
 from towerps.workers.variables import ModelVariables
 from towerps.workers import Tower, build_model, load_dataset
 
@@ -123,12 +124,13 @@ def test_bfloat16_on_the_wire_still_converges_on_fashion_mnist(ray_cluster, tmp_
 
 
 def test_a_slow_worker_slows_nobody_s_result(ray_cluster, tmp_path):
-    """--slow-worker changes timing only: the weights equal a normal run's."""
+    """A slow worker (a test seam) changes timing only: the weights equal a
+    normal run's, and the summary says which worker was slowed."""
     common = dict(dataset="synthetic", num_workers=2, num_ps=1, batch_size=32, steps=3,
                   optimizer="sgd", seed=1)
     train(TrainConfig(run_dir=str(tmp_path / "a"), **common), progress=False)
-    summary = train(TrainConfig(slow_worker="1:3", run_dir=str(tmp_path / "b"), **common),
-                    progress=False)
+    with injected(Faults(slow_worker=(1, 3.0))):
+        summary = train(TrainConfig(run_dir=str(tmp_path / "b"), **common), progress=False)
     a, b = weights_of(tmp_path / "a"), weights_of(tmp_path / "b")
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])

@@ -5,33 +5,13 @@ import sys
 import pytest
 
 from towerps.cluster.api import cli
-from towerps.cluster.api.config import MODES, TLS_CHOICES, TrainConfig
-from towerps.ps.modes import NONFINITE
+from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
-from towerps.ps.modes import SUM_ORDERS, Mode
-from towerps.ps.optimizers import OPTIMIZERS
-from towerps.workers.faults import Faults
-from towerps.shm import TRANSPORTS
-from towerps.workers.client import PUSH_PULL
-from towerps.wire import WIRE_DTYPES
-from towerps.workers.catalog import MODELS
-from towerps.workers.data import DATASETS
+from towerps.ps.modes import Mode
 
 from tests.unit.fresh import run_fresh
 
 pytestmark = pytest.mark.unit
-
-
-def test_cli_choices_agree_with_the_packages_that_own_them():
-    assert cli.DATASETS == DATASETS
-    assert cli.MODELS == MODELS
-    assert cli.OPTIMIZERS == OPTIMIZERS
-    assert cli.MODES == MODES
-    assert cli.WIRE_DTYPES == tuple(WIRE_DTYPES)
-    assert cli.SUM_ORDERS == SUM_ORDERS
-    assert cli.TRANSPORTS == TRANSPORTS
-    assert cli.PUSH_PULL == PUSH_PULL
-    assert (cli.NONFINITE, cli.TLS_CHOICES) == (NONFINITE, TLS_CHOICES)
 
 
 @pytest.mark.parametrize(
@@ -106,12 +86,29 @@ def test_config_names_the_fix():
     assert TrainConfig(optimizer="sgd").learning_rate == 0.1
 
 
-def test_slow_worker_flag_is_parsed_and_checked():
-    config = TrainConfig(num_workers=2, slow_worker="1:3")
-    assert Faults.of(config) == Faults(slow_worker=(1, 3.0))
-    for bad in ("1", "x:3", "2:3", "1:0.5"):
-        with pytest.raises(ConfigError, match="RANK:FACTOR"):
-            TrainConfig(num_workers=2, slow_worker=bad)
+def test_slowdowns_are_no_flag_of_train_nor_a_field_of_the_config(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    listed = capsys.readouterr().out
+    assert "--dataset" in listed and "--slow-worker" not in listed
+    assert "--slow-tower" not in listed
+    for retired in ("slow_worker", "faults"):
+        with pytest.raises(TypeError, match=retired):
+            TrainConfig(**{retired: None})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--slow-worker", "x:3"], "--slow-worker 'x:3' is not RANK:FACTOR"),
+    (["--slow-tower", "5"], "--slow-tower '5' is not INDEX:FACTOR"),
+])
+def test_the_retired_slowdown_flags_still_parse_with_a_warning(capsys, tmp_path, argv, message):
+    code = cli.main(["train", "--dataset", "synthetic", "--run-dir", str(tmp_path / "run"),
+                     *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "warning: " in err and "python -m towerps.testing train" in err
+    assert message in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_config_holds_one_mode_and_writes_it_as_the_cli_s_flags():
@@ -121,11 +118,11 @@ def test_the_config_holds_one_mode_and_writes_it_as_the_cli_s_flags():
     data = config.to_dict()
     keys = list(data)
     at = keys.index("mode")
-    # summary.json's "config": the mode's four fields where they always were.
-    assert keys[at:at + 6] == ["mode", "staleness", "staleness_lr", "backup_workers",
-                               "sum_order", "num_workers"]
+    # summary.json's "config": the mode's fields where they always were, and nonfinite.
+    assert keys[at:at + 7] == ["mode", "staleness", "staleness_lr", "backup_workers",
+                               "sum_order", "nonfinite", "num_workers"]
     assert (data["mode"], data["staleness"], data["staleness_lr"], data["backup_workers"],
-            data["sum_order"]) == ("ssp", 2, False, 0, "rank")
+            data["sum_order"], data["nonfinite"]) == ("ssp", 2, False, 0, "rank", "reject")
     assert data["devices"]["tower_balance"] == "equal"
     assert config.end_version == config.steps * 2  # one version per push of 2 workers
     for bad, message in ((3, "is not a Mode"), ("ssp", "mode 'ssp' is not known")):

@@ -13,6 +13,7 @@ import pytest
 
 from tests.unit.fresh import run_fresh
 from towerps.cluster.api import cli
+from towerps.cluster.api.flags import entries
 from towerps.cluster.run.actors import worker_resources
 from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
@@ -48,8 +49,6 @@ def test_defaults_are_one_cpu_tower_and_no_gpu():
         (dict(gpus_per_worker=0.5), "set --gpu-memory-limit-mb"),
         (dict(intra_op_threads=-2), "--intra-op-threads must be 0 or more"),
         (dict(tower_balance="fastest"), "choose one of equal, measured"),
-        (dict(slow_tower="x:3"), "INDEX:FACTOR"),
-        (dict(slow_tower="1:0.5"), "FACTOR >= 1"),
     ],
 )
 def test_bad_settings_name_the_fix(kwargs, message):
@@ -98,8 +97,9 @@ def test_worker_resources_ask_ray_for_the_gpus_of_a_worker():
     assert worker_resources(half) == {"CPU": 1.0, "GPU": 0.5}
 
 
-def test_cli_balances_agree_with_the_towers():
-    assert cli.TOWER_BALANCES == BALANCES
+def test_the_tower_balance_flag_offers_the_balances_the_towers_know():
+    (flag,) = [e.flag for e in entries("train") if e.flag.name == "--tower-balance"]
+    assert flag.choices == BALANCES == ("equal", "measured")
 
 
 @pytest.mark.parametrize(
@@ -109,7 +109,6 @@ def test_cli_balances_agree_with_the_towers():
         (["--gpus", "0,x"], "is not a comma-separated list"),
         (["--gpus-per-worker", "0.5"], "set --gpu-memory-limit-mb"),
         (["--cpu-towers", "2", "--batch-size", "2"], "use --batch-size 4 or more"),
-        (["--slow-tower", "5"], "INDEX:FACTOR"),
     ],
 )
 def test_bad_device_flags_stop_the_cli_before_ray_starts(capsys, tmp_path, argv, message):

@@ -10,6 +10,7 @@ from towerps.cluster import TrainConfig, train
 from towerps.cluster.api.cli import main
 from towerps.cluster.run.driver import resume_config
 from towerps.errors import CheckpointError, ConfigError
+from towerps.ps.modes import Mode
 from towerps.workers.devices import DeviceConfig
 
 pytestmark = pytest.mark.unit
@@ -73,3 +74,18 @@ def test_a_runs_examples_count_from_step_0_and_its_rate_from_its_own_start():
     assert [watched.examples_at(v) for v in (4, 6, 8, 9, 10)] == [384, 576, 576, 864, 960]
     assert watched.examples_this_run(9) == 864 - 384
     assert WatchResult([], [], [], False).examples_this_run(3) == 0
+
+
+def test_the_mode_comes_back_whole_from_to_dict_and_from_dict():
+    config = TrainConfig(mode=Mode("sync", backup_workers=1, sum_order="arrival",
+                                   nonfinite="skip-step"))
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    assert TrainConfig.from_dict(config.to_dict()).mode.nonfinite == "skip-step"
+
+
+def test_resume_keeps_nonfinite_skip_step(tmp_path):
+    """`towerps train --resume` reads config.json back: --nonfinite skip-step
+    stays skip-step (it came back as reject when to_dict left it out)."""
+    TrainConfig(dataset="synthetic", steps=4, checkpoint_every=2, run_dir=str(tmp_path),
+                mode=Mode("async", nonfinite="skip-step")).save(str(tmp_path))
+    assert resume_config(str(tmp_path)).mode == Mode("async", nonfinite="skip-step")

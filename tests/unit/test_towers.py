@@ -15,7 +15,7 @@ from towerps.errors import BadTensor, ConfigError
 from towerps.ps.optimizers import make_optimizer
 from towerps.workers import Tower, build_model, load_dataset
 from towerps.wire import aligned_copy
-from towerps.workers.faults import Faults
+from towerps.testing import Faults
 from towerps.workers.tower import _adoptable
 from towerps.workers.tower_group import TowerGroup
 from towerps.workers.worker import clip_global_norm

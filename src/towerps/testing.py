@@ -1,16 +1,21 @@
-"""Test-only slowdowns and failures, installed around a worker's parts, never inside its loops.
+"""Test seams: slow workers and towers, workers that hold or die in a push.
 
-    tower = SlowTower(tower, factor=3.0)      # compute_gradients takes 3x as long
-    faults = Faults.of(config)                # --slow-worker, --slow-tower, config.faults
-    towers = faults.wrap_towers(towers)       # one slow device among a worker's towers
-    tower = faults.wrap_worker(rank, tower)   # one slow worker among the job's
-    client = faults.wrap_client(rank, client) # a worker that holds, or dies half-way, in a push
+    from towerps.testing import Faults, Hold, injected
+    with injected(Faults(slow_worker=(1, 3.0))):      # worker 1 computes 3x slower
+        train(config)
+    with injected(Faults(holds=(Hold(rank=0, step=6, release=path),), die_in_push=(2, 9))):
+        ...                                           # worker 0 waits before step 6; 2 dies in 9
 
-`WorkerActor.setup` (cluster/run/actors.py) is where a job's `Faults` are
-installed: the worker loop and the tower group run unchanged and cannot
-tell a wrapped part from a real one. Tests and benchmarks install their own
-wrappers the same way, around a Tower, a TowerGroup or a PSClient (say, one
-that stops a worker in the middle of a push).
+    python -m towerps.testing train --slow-worker 1:3 ...   # the CLI, with a slow worker
+    python -m towerps.testing compare --modes sync,backup:1 --slow-tower 0:2 ...
+
+For tests and benchmarks, never a real run's configuration: no flag of
+`towerps` and no TrainConfig field sets these. `injected` installs the seams
+(workers/seams.py) for the jobs the driver starts in this process while
+the block runs; each job's workers take them with their set-up and install
+them around their parts. `python -m towerps.testing` is `towerps` with
+--slow-worker and --slow-tower, for tests that run the CLI in a process of
+its own.
 
 Sleeping stands in for a slower device or machine: it holds no core, so a
 straggler slows no other process on a shared machine, and the gradients
@@ -19,14 +24,32 @@ are exactly those of the wrapped tower.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from towerps.errors import ConfigError
+from towerps.errors import ConfigError, TowerpsError
+from towerps.workers.seams import Seams, install
+
+__all__ = ["Faults", "FaultyClient", "Hold", "SlowTower", "injected", "main", "parse_slow"]
+
+
+@contextlib.contextmanager
+def injected(seams: Seams | None) -> Iterator[Seams | None]:
+    """Jobs started in this process inside the block get `seams` (None:
+    none); the ones before come back after it, whatever happens. Not for two
+    threads that start jobs at once: the seams are the process's."""
+    previous = install(seams)
+    try:
+        yield seams
+    finally:
+        install(previous)
 
 
 class SlowTower:
@@ -80,7 +103,7 @@ def parse_slow(flag: str, text: str, count: int | None = None,
 
 
 @dataclass(frozen=True)
-class Faults:
+class Faults(Seams):
     """The test-only behaviour of a job's workers. Picklable: it travels to each
     worker actor, which installs it around its parts."""
 
@@ -92,18 +115,22 @@ class Faults:
     die_in_push: tuple[int, int] | None = None
 
     @classmethod
-    def of(cls, config) -> Faults:
-        """From a TrainConfig's `slow_worker` and `devices.slow_tower` flags, and
-        the holds and deaths of its `faults` (set by tests, never by a flag)."""
-        slow_worker = config.slow_worker
-        slow_tower = config.devices.slow_tower
-        extra = config.faults or cls()
-        return dataclasses.replace(
-            extra,
+    def parse(cls, slow_worker: str | None = None, slow_tower: str | None = None) -> Faults:
+        """From the flags' texts "RANK:FACTOR" and "INDEX:FACTOR" (None: not slowed)."""
+        return cls(
             slow_worker=None if slow_worker is None else
-            parse_slow("--slow-worker", slow_worker, config.num_workers, "RANK"),
+            parse_slow("--slow-worker", slow_worker, index="RANK"),
             slow_tower=None if slow_tower is None else parse_slow("--slow-tower", slow_tower),
         )
+
+    def for_job(self, config) -> Faults:
+        """These faults, once the slow worker's rank is checked against the job's workers."""
+        count = config.num_workers
+        if self.slow_worker is not None and self.slow_worker[0] >= count:
+            rank, factor = self.slow_worker
+            raise ConfigError(f"--slow-worker {rank}:{factor:g} names worker {rank}, but the "
+                              f"job has {count} (ranks 0..{count - 1})")
+        return self
 
     def for_replacement(self) -> Faults:
         """What a worker started in a dead one's place installs: all but the
@@ -136,6 +163,14 @@ class Faults:
             return SlowTower(tower, self.slow_worker[1])
         return tower
 
+    def describe(self) -> dict:
+        """summary.json's "config" says which worker or tower was slowed, and how
+        much (the compare report names the straggler); holds and deaths
+        change no result."""
+        return {name: f"{value[0]}:{value[1]:g}"
+                for name, value in (("slow_worker", self.slow_worker),
+                                    ("slow_tower", self.slow_tower)) if value is not None}
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -154,7 +189,7 @@ class Hold:
         with open(self.release + ".held", "w") as f:
             f.write(str(os.getpid()))
         deadline = time.monotonic() + self.timeout_s
-        while not os.path.exists(self.release):
+        while not os.path.exists(self.release):  # another process makes it: poll
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.release} did not appear within {self.timeout_s:g} s")
             time.sleep(0.02)
@@ -189,3 +224,29 @@ class FaultyClient:
         if name == "inner":  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`towerps ARGS`, with --slow-worker RANK:FACTOR and --slow-tower
+    INDEX:FACTOR taken out of ARGS and injected; returns its exit status."""
+    from towerps.cluster.api import cli
+
+    parser = argparse.ArgumentParser(prog="python -m towerps.testing", add_help=False)
+    parser.add_argument("--slow-worker", metavar="RANK:FACTOR", default=None)
+    parser.add_argument("--slow-tower", metavar="INDEX:FACTOR", default=None)
+    seams, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        faults = Faults.parse(seams.slow_worker, seams.slow_tower)
+    except TowerpsError as err:
+        print(f"towerps: error: {err}", file=sys.stderr)
+        return 2
+    with injected(faults):
+        return cli.main(rest)
+
+
+if __name__ == "__main__":
+    # The seams must be towerps.testing's classes, not __main__'s: the workers
+    # import them by name to unpickle them.
+    from towerps.testing import main as testing_main
+
+    sys.exit(testing_main())
