@@ -116,8 +116,9 @@ class Pipeline:
             call.check_may_push_as(header.worker_rank)
             if shared:
                 _check_shared(header, then_pull)
+            carrier = self._push_carrier(header)  # the rest of stage 4, before stage 5
             pull = self._pull_plan(header.pull, header.step + 1, call) if then_pull else None
-            tensors = self._push_carrier(header).receive(header, parts, self._shard.specs)
+            tensors = carrier.receive(header, parts, self._shard.specs)
         finally:
             stream.done()
         return CheckedPush(header, tensors, pull)
