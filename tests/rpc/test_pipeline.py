@@ -3,6 +3,7 @@ ShardReply, a call's principal is worked out once, and a call bad in two
 stages of ps/pipeline.py is refused by the earlier one."""
 
 import math
+import os
 
 import grpc
 import numpy as np
@@ -14,7 +15,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.ps import Shard, create_server, make_optimizer
 from towerps.ps.shard import PushOutcome
 from towerps.ps.transport import METHOD
-from towerps.shm import new_run_prefix, sweep
+from towerps.shm import SegmentName, new_run_prefix, sweep
 from towerps.wire import WIRE_DTYPES
 from towerps.workers.chunks import ChunkCarrier
 from towerps.workers.same_node import PairSegments, SegmentCarrier
@@ -149,6 +150,27 @@ def test_a_push_pulls_bad_pull_is_refused_before_its_tensors_and_the_shards_rule
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not finite" in err.value.details()
     assert shard.stats()[1].pushes_rejected == 1 and shard.version == 0
+
+
+def test_a_push_pull_bad_in_its_pull_and_its_tensors_answers_the_pulls_code(shard_server):
+    """Stage 5 before stage 6: a wrong-shape tensor with another rank's pull
+    segment is PERMISSION_DENIED (the pull's code), not INVALID_ARGUMENT."""
+    secret = new_job_secret()
+    shard, channel, prefix = shard_server(num_workers=2, secret=secret)
+    bad = grads(1.0)
+    bad["b"] = np.ones(6, np.float32)
+    push_pull = channel.stream_stream(METHOD + "PushPull")
+    for rank, code in [(1, grpc.StatusCode.PERMISSION_DENIED),
+                       (0, grpc.StatusCode.INVALID_ARGUMENT)]:  # its own: the tensor is wrong
+        call = header(rank=0)
+        call.pull.timeout_s = 5
+        call.pull.segment = str(SegmentName(prefix, rank, 0, os.getpid(), 0, "pull"))
+        with pytest.raises(grpc.RpcError) as err:
+            list(push_pull(push_stream(call, bad), timeout=10,
+                           metadata=bearer(worker_token(secret, 0))))
+        assert err.value.code() == code, err.value.details()
+    assert "expected dtype float32 shape (5,)" in err.value.details()
+    assert shard.stats()[1].pushes_rejected == 0 and shard.version == 0
 
 
 @pytest.mark.parametrize("segment, num_tensors, shared, refused_for", [
