@@ -37,11 +37,11 @@ methods itself instead of calling the generated
 same_node=prefix)`, ps/same_node.py): a Push header may name the worker's
 segment in /dev/shm and describe its tensors there instead of sending
 chunks, and a PullRequest may name the caller's pull segment, which the
-version is written into; the shard copies the bytes out and checks its
-copy exactly as it checks chunks. With nothing but a header to carry, the
-client makes those calls unary (SharedPush, SharedPull, SharedPushPull:
-the same messages, one each way), which spares gRPC Python a stream's
-threads and hand-offs.
+version is written into; the shard checks the descriptions as it checks
+chunks, copies the bytes out and reads only its copy. With nothing but a
+header to carry, the client makes those calls unary (SharedPush,
+SharedPull, SharedPushPull: the same messages, one each way), which spares
+gRPC Python a stream's threads and hand-offs.
 
 PushPull (sync's one round trip per step) is Push followed, in the same
 call, by Pull of version step + 1 as the header's `pull` asks for it: the
