@@ -2,7 +2,7 @@
 this shard's node (src/towerps/shm.py; workers/same_node.py is the other
 end, ps/transport.py has the transport's map).
 
-    segments = SegmentCarrier(prefix, shard, traffic)
+    segments = ShardSegments(prefix, shard, traffic)
     name = segments.pull_segment(request.segment)        # a pull's, checked by name
     grads = segments.receive(header, parts, shard.specs)  # checks, then copies out
     (message,) = segments.answer(plan, call, push)        # written into plan.segment
@@ -37,7 +37,10 @@ from towerps.ps.transport import PullPlan
 from towerps.shm import SegmentName, open_segment, read_tensors, write_tensors
 
 
-class SegmentCarrier:
+class ShardSegments:
+    """The segment carrier's shard end (a transport.ShardCarrier; the
+    worker's end is workers/same_node.py's SegmentCarrier)."""
+
     def __init__(self, prefix: str, shard: Shard, traffic: Traffic):
         self.prefix = prefix
         self._shard = shard

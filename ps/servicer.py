@@ -63,11 +63,11 @@ from towerps.codec import parse_part
 from towerps.errors import ConfigError, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.ps.chunks import ChunkCarrier
+from towerps.ps.chunks import ShardChunks
 from towerps.ps.guard import Call, Guard
 from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits
 from towerps.ps.pipeline import Pipeline
-from towerps.ps.same_node import SegmentCarrier
+from towerps.ps.same_node import ShardSegments
 from towerps.ps.shard import Shard
 from towerps.ps.stats import Traffic
 from towerps.ps.transport import SERVICE, push_reply
@@ -86,9 +86,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self.idle = IdleWatch(limits.idle_stream_s)
         # Bytes of Push messages in and Pull messages out, and of tensors through segments.
         self.traffic = Traffic()
-        segments = SegmentCarrier(same_node, shard, self.traffic) if same_node else None
+        segments = ShardSegments(same_node, shard, self.traffic) if same_node else None
         self._pipeline = Pipeline(shard, limits, self.idle,
-                                  ChunkCarrier(shard, self.traffic, self.idle), segments)
+                                  ShardChunks(shard, self.traffic, self.idle), segments)
 
     def parse_push_part(self, buf: bytes):
         """A Push message's deserializer: counts its bytes, then parses it."""
