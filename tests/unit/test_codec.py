@@ -205,3 +205,19 @@ def test_a_header_from_a_peer_that_still_sends_attempt_is_read_without_it():
     message = b"\x0a" + varint(len(old_peer)) + old_peer
     got = read_header(iter([parse_part(message)]), "Push", 0)
     assert (got.worker_rank, got.step, got.num_examples, got.num_tensors) == (1, 4, 8, 0)
+
+
+def test_a_tensor_not_held_here_is_refused_naming_a_few_held_ones_and_how_many_more():
+    chunk = pb.TensorChunk(name="stranger", dtype=pb.FLOAT32, shape=[1], data=b"\0" * 4)
+    parts = [parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[chunk]))
+                        .SerializeToString())]
+    held = {f"layer{i:02d}": TensorSpec(np.dtype(np.float32), (1,)) for i in range(25)}
+    with pytest.raises(BadTensor) as err:
+        read_chunks(iter(parts), "Push", 1, held)
+    assert "'stranger' is not held here" in str(err.value)
+    assert "'layer09'] ... and 15 more" in str(err.value)
+    assert "layer10" not in str(err.value)
+    few = dict(list(held.items())[:3])
+    with pytest.raises(BadTensor) as err:
+        read_chunks(iter(parts), "Push", 1, few)
+    assert str(err.value).endswith("['layer00', 'layer01', 'layer02']")
