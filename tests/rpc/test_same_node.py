@@ -437,3 +437,29 @@ def test_a_killed_workers_segments_go_with_its_replacement_or_the_run():
         assert run_files(prefix) == []
     finally:
         sweep(prefix)
+
+
+def test_a_client_that_fails_to_open_its_carriers_leaves_no_segment_behind(monkeypatch):
+    """A carrier that cannot be built, after its segments were created (the
+    second shard's here, the first's carrier built): the client raises and
+    removes every file it created."""
+    from towerps.workers import client as client_module
+
+    built = []
+
+    class FailsSecond(client_module.SegmentCarrier):
+        def __init__(self, *args):
+            if built:
+                raise RuntimeError("the second carrier cannot be built")
+            built.append(super().__init__(*args))
+
+    monkeypatch.setattr(client_module, "SegmentCarrier", FailsSecond)
+    prefix = new_run_prefix()
+    try:
+        with pytest.raises(RuntimeError, match="second carrier"):
+            PSClient(["127.0.0.1:1", "127.0.0.1:2"], plan_placement(SHAPES, 2),
+                     same_node=SameNode(prefix, 0, (0, 1)))
+        assert len(built) == 1  # the first carrier was built, its files created with it
+        assert run_files(prefix) == []
+    finally:
+        sweep(prefix)
