@@ -83,12 +83,12 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                  same_node: str | None = None):
         self._shard = shard
         self._slots = slots
-        self.idle = IdleWatch(limits.idle_stream_s)
+        self._idle = IdleWatch(limits.idle_stream_s)
         # Bytes of Push messages in and Pull messages out, and of tensors through segments.
         self.traffic = Traffic()
         segments = ShardSegments(same_node, shard, self.traffic) if same_node else None
-        self._pipeline = Pipeline(shard, limits, self.idle,
-                                  ShardChunks(shard, self.traffic, self.idle), segments)
+        self._pipeline = Pipeline(shard, limits, self._idle,
+                                  ShardChunks(shard, self.traffic, self._idle), segments)
 
     def parse_push_part(self, buf: bytes):
         """A Push message's deserializer: counts its bytes, then parses it."""
