@@ -1,7 +1,7 @@
 """The chunk carrier, a shard's end: tensors in the call's own gRPC messages
 (ps/transport.py has the transport's map; workers/chunks.py is the other end).
 
-    chunks = ChunkCarrier(shard, traffic, idle)
+    chunks = ShardChunks(shard, traffic, idle)
     grads = chunks.receive(header, parts, shard.specs)   # the rest of a Push stream
     for message in chunks.answer(plan, call, push):      # a Pull reply stream
         ...
@@ -30,7 +30,10 @@ from towerps.ps.stats import Traffic
 from towerps.ps.transport import PullPlan
 
 
-class ChunkCarrier:
+class ShardChunks:
+    """The chunk carrier's shard end (a transport.ShardCarrier; the worker's
+    end is workers/chunks.py's ChunkCarrier)."""
+
     def __init__(self, shard: Shard, traffic: Traffic, idle: IdleWatch):
         self._shard = shard
         self._traffic = traffic

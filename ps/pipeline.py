@@ -57,6 +57,13 @@ finiteness of a push is read once more, under the shard's lock (7).
 A pull then waits for its version (DEADLINE_EXCEEDED at its timeout_s or
 the caller's deadline, whichever is first; UNAVAILABLE once the shard
 closes), and its carrier sends it. A Pull runs stages 1-3 and 5 only.
+
+A PushPull's pull (5) is checked before its tensors (6), a deliberate
+change: towerps once read the tensors first. Refusing a bad pull needs
+no tensor byte, so it is refused before any is read or copied. A call bad
+in both answers the pull's code now, not the tensors' (a tensor of the
+wrong shape with another rank's pull segment: PERMISSION_DENIED, where it
+was INVALID_ARGUMENT); a call bad in one stage answers as before.
 """
 
 from __future__ import annotations
@@ -116,8 +123,9 @@ class Pipeline:
             call.check_may_push_as(header.worker_rank)
             if shared:
                 _check_shared(header, then_pull)
+            carrier = self._push_carrier(header)  # the rest of stage 4, before stage 5
             pull = self._pull_plan(header.pull, header.step + 1, call) if then_pull else None
-            tensors = self._push_carrier(header).receive(header, parts, self._shard.specs)
+            tensors = carrier.receive(header, parts, self._shard.specs)
         finally:
             stream.done()
         return CheckedPush(header, tensors, pull)

@@ -2,9 +2,9 @@
 this shard's node (src/towerps/shm.py; workers/same_node.py is the other
 end, ps/transport.py has the transport's map).
 
-    segments = SegmentCarrier(prefix, shard, traffic)
+    segments = ShardSegments(prefix, shard, traffic)
     name = segments.pull_segment(request.segment)        # a pull's, checked by name
-    grads = segments.receive(header, parts, shard.specs)  # copies out, checks the copy
+    grads = segments.receive(header, parts, shard.specs)  # checks, then copies out
     (message,) = segments.answer(plan, call, push)        # written into plan.segment
 
 A worker on this shard's node names, in its Push header or PullRequest, a
@@ -37,7 +37,10 @@ from towerps.ps.transport import PullPlan
 from towerps.shm import SegmentName, open_segment, read_tensors, write_tensors
 
 
-class SegmentCarrier:
+class ShardSegments:
+    """The segment carrier's shard end (a transport.ShardCarrier; the
+    worker's end is workers/same_node.py's SegmentCarrier)."""
+
     def __init__(self, prefix: str, shard: Shard, traffic: Traffic):
         self.prefix = prefix
         self._shard = shard
@@ -49,9 +52,11 @@ class SegmentCarrier:
         return self._checked(segment, "pull")
 
     def receive(self, header: pb.PushHeader, parts: Iterator, specs) -> dict[str, np.ndarray]:
-        """The pushed tensors, copied out of the header's segment into arrays
-        the shard owns and checked there (stage 6); nothing may follow the
-        header. BadRequest/BadTensor for a bad name or description."""
+        """The pushed tensors (stage 6): each description checked against
+        `specs` and the file, then its bytes copied out of the header's
+        segment into an array the shard owns, whose values alone the shard
+        reads. Nothing may follow the header. BadRequest/BadTensor for a bad
+        name or description."""
         read_chunks(parts, "Push", header.num_tensors, specs)  # none: the pipeline saw to it
         name = self._checked(header.segment, "push", header.worker_rank)
         fd, _ = open_segment(name, writable=False)

@@ -37,11 +37,11 @@ methods itself instead of calling the generated
 same_node=prefix)`, ps/same_node.py): a Push header may name the worker's
 segment in /dev/shm and describe its tensors there instead of sending
 chunks, and a PullRequest may name the caller's pull segment, which the
-version is written into; the shard copies the bytes out and checks its
-copy exactly as it checks chunks. With nothing but a header to carry, the
-client makes those calls unary (SharedPush, SharedPull, SharedPushPull:
-the same messages, one each way), which spares gRPC Python a stream's
-threads and hand-offs.
+version is written into; the shard checks the descriptions as it checks
+chunks, copies the bytes out and reads only its copy. With nothing but a
+header to carry, the client makes those calls unary (SharedPush,
+SharedPull, SharedPushPull: the same messages, one each way), which spares
+gRPC Python a stream's threads and hand-offs.
 
 PushPull (sync's one round trip per step) is Push followed, in the same
 call, by Pull of version step + 1 as the header's `pull` asks for it: the
@@ -63,11 +63,11 @@ from towerps.codec import parse_part
 from towerps.errors import ConfigError, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.ps.chunks import ChunkCarrier
+from towerps.ps.chunks import ShardChunks
 from towerps.ps.guard import Call, Guard
 from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits
 from towerps.ps.pipeline import Pipeline
-from towerps.ps.same_node import SegmentCarrier
+from towerps.ps.same_node import ShardSegments
 from towerps.ps.shard import Shard
 from towerps.ps.stats import Traffic
 from towerps.ps.transport import SERVICE, push_reply
@@ -83,12 +83,12 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                  same_node: str | None = None):
         self._shard = shard
         self._slots = slots
-        self.idle = IdleWatch(limits.idle_stream_s)
+        self._idle = IdleWatch(limits.idle_stream_s)
         # Bytes of Push messages in and Pull messages out, and of tensors through segments.
         self.traffic = Traffic()
-        segments = SegmentCarrier(same_node, shard, self.traffic) if same_node else None
-        self._pipeline = Pipeline(shard, limits, self.idle,
-                                  ChunkCarrier(shard, self.traffic, self.idle), segments)
+        segments = ShardSegments(same_node, shard, self.traffic) if same_node else None
+        self._pipeline = Pipeline(shard, limits, self._idle,
+                                  ShardChunks(shard, self.traffic, self._idle), segments)
 
     def parse_push_part(self, buf: bytes):
         """A Push message's deserializer: counts its bytes, then parses it."""

@@ -95,9 +95,13 @@ class ShardCarrier(Protocol):
     """How a shard's calls carry their tensors (the shard's end of a carrier)."""
 
     def receive(self, header: pb.PushHeader, parts: Iterator, specs) -> dict[str, np.ndarray]:
-        """The tensors of a push whose header was read: from the rest of the
-        stream's `parts` (codec.Part) or from where the header says, copied
-        into arrays the shard owns and checked against `specs` on the copy."""
+        """The tensors of a push whose header was read (stage 6): from the
+        rest of the stream's `parts` (codec.Part) or from where the header
+        says. Each tensor's name, dtype and shape is checked against `specs`
+        before any of its bytes is copied (chunks: at its first chunk; a
+        segment: at its description), then its bytes are copied once into
+        an array the shard owns. Its values are read on that copy alone
+        (stage 7), so bytes the sender changes afterwards change nothing."""
 
     def answer(self, plan: PullPlan, call, push: pb.PushReply | None = None) -> Iterator[bytes]:
         """Wait for `plan`'s version and send it: the reply's messages, the

@@ -145,12 +145,14 @@ class PSClient:
         return f"shard {k} at {self.addresses[k]}"
 
     def _open_segments(self, same_node: SameNode | None) -> dict[int, SegmentCarrier]:
-        """Segment carriers to the shards on this worker's node, by index."""
+        """Segment carriers to the shards on this worker's node, by index.
+        Raises with none of the files it created left behind."""
         if same_node is None:
             return {}
         same_node.sweep_dead()  # a killed predecessor's files
         load = self.plan.shard_bytes()
         segments: dict[int, SegmentCarrier] = {}
+        pairs: list[PairSegments] = []  # removed if anything fails, a carrier or not yet
         try:
             for k in same_node.shards:
                 try:
@@ -161,11 +163,12 @@ class PSClient:
                     logger.warning("no room in /dev/shm for %d bytes of segments with shard "
                                    "%d (%s): its tensors go over gRPC", 2 * load[k], k, err)
                     continue
+                pairs.append(pair)
                 segments[k] = SegmentCarrier(self._channels[k], self._metadata,
                                              self.wire_dtype, pair, self._where(k))
         except BaseException:
-            for carrier in segments.values():
-                carrier.close()
+            for pair in pairs:  # no call has used them: nothing to wait for
+                pair.close()
             raise
         return segments
 

@@ -122,7 +122,7 @@ class SegmentCarrier:
 
     def __init__(self, channel: grpc.Channel, metadata, wire_dtype: np.dtype,
                  pair: PairSegments, where: str):
-        self.pair = pair
+        self._pair = pair
         self._metadata = metadata
         self._wire_dtype = wire_dtype
         self._where = where
@@ -139,7 +139,7 @@ class SegmentCarrier:
         """SharedPush (`pull` None) or SharedPushPull: the tensors written
         into the push segment and described in the header, the pulled ones
         read out of the pull segment."""
-        pair = self.pair
+        pair = self._pair
         with pair.push_lock, pair.pull_lock:
             header.num_tensors = 0
             header.segment = str(pair.push_name)
@@ -158,7 +158,7 @@ class SegmentCarrier:
 
     def pull(self, request: pb.PullRequest, timeout_s: float) -> ShardReply:
         """SharedPull: the version written into the pull segment, read out of it."""
-        pair = self.pair
+        pair = self._pair
         with pair.pull_lock:
             shared_request = pb.PullRequest()
             shared_request.CopyFrom(request)
@@ -169,5 +169,5 @@ class SegmentCarrier:
 
     def close(self) -> None:
         """Remove the segments, once no call of ours reads or writes them."""
-        with self.pair.push_lock, self.pair.pull_lock:
-            self.pair.close()
+        with self._pair.push_lock, self._pair.pull_lock:
+            self._pair.close()

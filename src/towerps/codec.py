@@ -1,13 +1,12 @@
 """Push and Pull streams as bytes, written and parsed by hand.
 
-    parts = push_stream(header, grads)            # Iterator[bytes], one per message
-    header, grads = read_push(parse_part(b) for b in parts, expected)
-    messages = list(pull_stream(version, params)) # may be kept and sent to many
-    version, params = read_pull(parse_part(b) for b in messages)
-
-    parts = iter(parse_part(b) for b in received)  # a shard, whose header picks the carrier:
+    messages = push_stream(header, grads)          # Iterator[bytes], one per message
+    parts = iter(parse_part(b) for b in messages)  # a shard, whose header picks the carrier:
     header = read_header(parts, "Push", len(expected))
     grads = read_chunks(parts, "Push", header.num_tensors, expected)
+
+    messages = list(pull_stream(version, params))  # may be kept and sent to many
+    version, params = read_pull(parse_part(b) for b in messages)
 
 Tensor bytes are nearly all of every Push and Pull. The generated protobuf
 classes copy them four times on each side (into the message, out of it when
@@ -339,17 +338,6 @@ def read_chunks(parts: Iterator[Part], stream: str, num_tensors: int,
 
 def _header_limit(num_tensors: int) -> int:
     return 4096 + 512 * num_tensors
-
-
-def read_push(
-    parts: Iterable[Part], expected: Mapping[str, TensorSpec]
-) -> tuple[pb.PushHeader, dict[str, np.ndarray]]:
-    """Decode a whole Push stream: (header, tensors in chunks); raises BadTensor
-    on any malformed part. A skip_step push carries no tensors, and a
-    same-node one describes them in its header instead (its `shared`)."""
-    parts = iter(parts)
-    header = read_header(parts, "Push", len(expected))
-    return header, read_chunks(parts, "Push", header.num_tensors, expected)
 
 
 def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:

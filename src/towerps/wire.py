@@ -143,6 +143,9 @@ def dtype_of(code: int) -> np.dtype:
         raise BadTensor(f"unknown wire dtype code {code}") from None
 
 
+_NAMES_SHOWN = 10  # held names an error about an unknown tensor lists
+
+
 def check_expected(kind: str, name: str, spec: TensorSpec,
                    expected: Mapping[str, TensorSpec]) -> None:
     """Raise BadTensor unless a receiver holding `expected` takes tensor
@@ -152,8 +155,10 @@ def check_expected(kind: str, name: str, spec: TensorSpec,
     their bytes is copied; `kind` names the tensor in the message."""
     want = expected.get(name)
     if want is None:
+        held = sorted(expected)
+        more = f" ... and {len(held) - _NAMES_SHOWN} more" if len(held) > _NAMES_SHOWN else ""
         raise BadTensor(f"{kind} {name!r} is not held here; expected one of "
-                        f"{sorted(expected)[:10]}")
+                        f"{held[:_NAMES_SHOWN]}{more}")
     compact = want.dtype == np.float32 and spec.dtype in WIRE_DTYPES.values()
     if want.shape != spec.shape or not (want.dtype == spec.dtype or compact):
         raise BadTensor(f"{kind} {name!r}: got dtype {spec.dtype} shape {spec.shape}, "

@@ -3,6 +3,7 @@ ShardReply, a call's principal is worked out once, and a call bad in two
 stages of ps/pipeline.py is refused by the earlier one."""
 
 import math
+import os
 
 import grpc
 import numpy as np
@@ -14,7 +15,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.ps import Shard, create_server, make_optimizer
 from towerps.ps.shard import PushOutcome
 from towerps.ps.transport import METHOD
-from towerps.shm import new_run_prefix, sweep
+from towerps.shm import SegmentName, new_run_prefix, sweep
 from towerps.wire import WIRE_DTYPES
 from towerps.workers.chunks import ChunkCarrier
 from towerps.workers.same_node import PairSegments, SegmentCarrier
@@ -26,14 +27,15 @@ VARIABLES = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5,
 
 @pytest.fixture
 def shard_server():
-    """start(num_workers, secret) -> (shard, channel, prefix): a shard with the
-    same-node transport on 127.0.0.1 port 0, and a channel to it."""
+    """start(num_workers, secret, same_node) -> (shard, channel, prefix): a
+    shard on 127.0.0.1 port 0 (with the same-node transport unless
+    `same_node` is False), and a channel to it."""
     started, prefixes = [], []
 
-    def start(num_workers=1, secret=None):
+    def start(num_workers=1, secret=None, same_node=True):
         shard = Shard(0, VARIABLES, make_optimizer("sgd", 1.0), num_workers)
         prefix = new_run_prefix()
-        server, port = create_server(shard, "127.0.0.1:0", same_node=prefix,
+        server, port = create_server(shard, "127.0.0.1:0", same_node=same_node and prefix,
                                      credentials=secret and ShardCredentials(secret))
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         started.append((shard, server, channel))
@@ -148,3 +150,54 @@ def test_a_push_pulls_bad_pull_is_refused_before_its_tensors_and_the_shards_rule
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not finite" in err.value.details()
     assert shard.stats()[1].pushes_rejected == 1 and shard.version == 0
+
+
+def test_a_push_pull_bad_in_its_pull_and_its_tensors_answers_the_pulls_code(shard_server):
+    """Stage 5 before stage 6: a wrong-shape tensor with another rank's pull
+    segment is PERMISSION_DENIED (the pull's code), not INVALID_ARGUMENT."""
+    secret = new_job_secret()
+    shard, channel, prefix = shard_server(num_workers=2, secret=secret)
+    bad = grads(1.0)
+    bad["b"] = np.ones(6, np.float32)
+    push_pull = channel.stream_stream(METHOD + "PushPull")
+    for rank, code in [(1, grpc.StatusCode.PERMISSION_DENIED),
+                       (0, grpc.StatusCode.INVALID_ARGUMENT)]:  # its own: the tensor is wrong
+        call = header(rank=0)
+        call.pull.timeout_s = 5
+        call.pull.segment = str(SegmentName(prefix, rank, 0, os.getpid(), 0, "pull"))
+        with pytest.raises(grpc.RpcError) as err:
+            list(push_pull(push_stream(call, bad), timeout=10,
+                           metadata=bearer(worker_token(secret, 0))))
+        assert err.value.code() == code, err.value.details()
+    assert "expected dtype float32 shape (5,)" in err.value.details()
+    assert shard.stats()[1].pushes_rejected == 0 and shard.version == 0
+
+
+@pytest.mark.parametrize("segment, num_tensors, shared, refused_for", [
+    ("x", 1, False, "send one or the other"),  # tensors both in chunks and in a segment
+    ("x", 0, False, "over gRPC only"),  # a segment on a shard without the transport
+    ("", 0, True, "names no segment"),  # shared tensors, but no segment
+])
+def test_a_push_pulls_bad_carrier_is_refused_before_its_bad_pull(
+        shard_server, segment, num_tensors, shared, refused_for):
+    """Stage 4 (where the tensors are) comes before stage 5 (the pull's
+    fields): on a shard without the same-node transport, a PushPull bad in
+    both is refused for its carrier; the same pull alone, for its timeout."""
+    shard, channel, _ = shard_server(same_node=False)
+    bad = pb.PushHeader(worker_rank=0, step=0, num_examples=1, loss=0.5,
+                        num_tensors=num_tensors, segment=segment)
+    if shared:
+        bad.shared.add(name="b", dtype=pb.FLOAT32, shape=[5], offset=0, length=20)
+    bad.pull.timeout_s = math.nan
+    push_pull = channel.stream_stream(METHOD + "PushPull")
+    with pytest.raises(grpc.RpcError) as err:
+        list(push_pull(push_stream(bad, {}), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused_for in err.value.details() and "timeout_s" not in err.value.details()
+    chunks = header()
+    chunks.pull.timeout_s = math.nan
+    with pytest.raises(grpc.RpcError) as err:  # its tensors in chunks: the pull is refused
+        list(push_pull(push_stream(chunks, grads(1.0)), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "timeout_s" in err.value.details()
+    assert shard.stats()[1].pushes_rejected == 0 and shard.version == 0

@@ -296,7 +296,8 @@ def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster, m
     secret = new_job_secret()
     clients, _, prefix = cluster("shm", num_shards=1, num_workers=2, secret=secret)
     channel = grpc.insecure_channel(clients[0].addresses[0])
-    segment = str(clients[0]._segments[0].pair.pull_name)  # worker 0's
+    # Worker 0's pull segment, as its client created it in /dev/shm.
+    (segment,) = (f for f in run_files(prefix) if "-w0-" in f and f.endswith("-pull"))
     pull = raw_pull(channel, method)
     request = pb.PullRequest(min_version=0, timeout_s=5, segment=segment)
     # Refused before the wait for a version that never comes (else DEADLINE_EXCEEDED).
@@ -315,9 +316,9 @@ def test_a_worker_may_not_have_its_pull_written_into_anothers_segment(cluster, m
 def test_the_unary_same_node_calls_refuse_a_request_without_segments(cluster):
     """SharedPull, SharedPush and SharedPushPull carry no chunks: without a
     segment there is nothing to read or write, and nothing changes."""
-    clients, shards, _ = cluster("shm", num_shards=1, num_workers=1)
+    clients, shards, prefix = cluster("shm", num_shards=1, num_workers=1)
     channel = grpc.insecure_channel(clients[0].addresses[0])
-    pair = clients[0]._segments[0].pair
+    pair = PairSegments(prefix, 0, 0, shards[0].parameter_bytes)  # worker 0's, beside its client's
     before = params_of(shards)
     with pytest.raises(grpc.RpcError) as info:
         raw_pull(channel, "SharedPull")(pb.PullRequest(min_version=0, timeout_s=5))
@@ -340,6 +341,7 @@ def test_the_unary_same_node_calls_refuse_a_request_without_segments(cluster):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "PushHeader.pull.segment" in info.value.details()
     channel.close()
+    pair.close()
     after = params_of(shards)
     assert all(np.array_equal(before[n], after[n]) for n in before)
     assert shards[0].version == 0
@@ -351,12 +353,12 @@ def test_a_bad_pull_in_a_shared_push_pull_refuses_the_push_too(cluster, bad):
     """SharedPushPull checks its pull before the shard sees the push: the
     push is not taken, so the same push sent well afterwards is APPLIED."""
     secret = new_job_secret()
-    clients, shards, _ = cluster("shm", num_shards=1, num_workers=1, secret=secret)
-    other = PairSegments(clients[0]._same_node.prefix, 1, 0, shards[0].parameter_bytes)
+    clients, shards, prefix = cluster("shm", num_shards=1, num_workers=1, secret=secret)
+    other = PairSegments(prefix, 1, 0, shards[0].parameter_bytes)
     channel = grpc.insecure_channel(clients[0].addresses[0])
     call = channel.unary_unary(SERVICE + "SharedPushPull")
     metadata = bearer(worker_token(secret, 0))
-    pair = PairSegments(clients[0]._same_node.prefix, 0, 0, shards[0].parameter_bytes)
+    pair = PairSegments(prefix, 0, 0, shards[0].parameter_bytes)
     header = good_header(shards[0], pair)
     header.pull.CopyFrom(pb.PullRequest(timeout_s=5.0, segment=str(pair.pull_name)))
     bad_header = pb.PushHeader.FromString(header.SerializeToString())
@@ -434,6 +436,32 @@ def test_a_killed_workers_segments_go_with_its_replacement_or_the_run():
         live.close()
         assert len(run_files(prefix)) == 4
         assert len(sweep(prefix)) == 4  # the end of the run: everything of it
+        assert run_files(prefix) == []
+    finally:
+        sweep(prefix)
+
+
+def test_a_client_that_fails_to_open_its_carriers_leaves_no_segment_behind(monkeypatch):
+    """A carrier that cannot be built, after its segments were created (the
+    second shard's here, the first's carrier built): the client raises and
+    removes every file it created."""
+    from towerps.workers import client as client_module
+
+    built = []
+
+    class FailsSecond(client_module.SegmentCarrier):
+        def __init__(self, *args):
+            if built:
+                raise RuntimeError("the second carrier cannot be built")
+            built.append(super().__init__(*args))
+
+    monkeypatch.setattr(client_module, "SegmentCarrier", FailsSecond)
+    prefix = new_run_prefix()
+    try:
+        with pytest.raises(RuntimeError, match="second carrier"):
+            PSClient(["127.0.0.1:1", "127.0.0.1:2"], plan_placement(SHAPES, 2),
+                     same_node=SameNode(prefix, 0, (0, 1)))
+        assert len(built) == 1  # the first carrier was built, its files created with it
         assert run_files(prefix) == []
     finally:
         sweep(prefix)

@@ -4,7 +4,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from towerps.codec import parse_part, pull_stream, push_stream, read_pull, read_push, varint
+from towerps.codec import (
+    parse_part, pull_stream, push_stream, read_chunks, read_header, read_pull, varint,
+)
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 from towerps.wire import CHUNK_BYTES, TensorSpec
@@ -65,8 +67,11 @@ def test_push_round_trip_through_bytes_with_a_compact_wire_dtype():
     parts = [parse_part(m) for m in push_stream(header, grads, np.dtype(ml_dtypes.bfloat16))]
     assert len(parts) == 2  # header, then one message (bfloat16 halves the bytes)
     assert sum(len(c.data) for c in parts[1].chunks) == 600_000
-    got_header, got = read_push(parts, {"w": TensorSpec(np.dtype(np.float32), (300_000,))})
+    rest = iter(parts)
+    got_header = read_header(rest, "Push", 1)
     assert got_header == header
+    got = read_chunks(rest, "Push", got_header.num_tensors,
+                      {"w": TensorSpec(np.dtype(np.float32), (300_000,))})
     assert got["w"].dtype == np.float32
     np.testing.assert_allclose(got["w"], grads["w"], atol=1e-2)
 
@@ -89,9 +94,8 @@ def test_chunk_data_is_a_view_of_the_received_message_and_messages_stay_small():
 def test_malformed_messages_become_errors_that_readers_raise(buf, message):
     part = parse_part(buf)
     assert message in part.error
-    header = push_stream(pb.PushHeader(num_tensors=1), {})
     with pytest.raises(BadTensor, match=message):
-        read_push([parse_part(next(header)), part], {})
+        read_chunks(iter([part]), "Push", 1, {})
     with pytest.raises(BadTensor, match="first message is malformed"):
         read_pull([part])
 
@@ -143,31 +147,32 @@ def test_a_varint_inside_tensor_chunks_is_an_error_not_a_type_error():
 
 
 def test_a_tensor_cut_into_too_many_chunks_is_refused_while_reading():
-    header = pb.PushHeader(num_tensors=1)
     tiny = [pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[64], offset=4 * i, data=b"\0" * 4)
             for i in range(64)]
-    parts = [parse_part(pb.PushRequest(header=header).SerializeToString())] + [
-        parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[c])).SerializeToString())
-        for c in tiny
-    ]
+    parts = (parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[c])).SerializeToString())
+             for c in tiny)
     with pytest.raises(BadTensor, match="came in more than 4 chunks"):
-        read_push(parts, {"w": TensorSpec(np.dtype(np.float32), (64,))})
+        read_chunks(parts, "Push", 1, {"w": TensorSpec(np.dtype(np.float32), (64,))})
 
 
 def test_a_chunk_after_its_tensor_is_complete_is_refused():
-    header = pb.PushHeader(num_tensors=1)
     whole = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2], data=b"\0" * 8)
     again = pb.TensorChunk(name="w", dtype=pb.FLOAT32, shape=[2], offset=8, data=b"")
-    parts = [parse_part(pb.PushRequest(header=header).SerializeToString()),
-             parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[whole, again]))
+    parts = [parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[whole, again]))
                         .SerializeToString())]
     with pytest.raises(BadTensor, match="after the tensor was complete"):
-        read_push(parts, {"w": TensorSpec(np.dtype(np.float32), (2,))})
+        read_chunks(iter(parts), "Push", 1, {"w": TensorSpec(np.dtype(np.float32), (2,))})
+
+
+def test_a_header_after_the_header_is_refused():
+    header = parse_part(pb.PushRequest(header=pb.PushHeader(num_tensors=0)).SerializeToString())
+    with pytest.raises(BadTensor, match="carries one PushHeader, then only chunks"):
+        read_chunks(iter([header]), "Push", 0, {})
 
 
 def test_a_corrupt_header_is_bad_tensor():
     with pytest.raises(BadTensor, match="PushHeader is malformed"):
-        read_push([parse_part(b"\x0a\x02\x08\xff")], {})
+        read_header(iter([parse_part(b"\x0a\x02\x08\xff")]), "Push", 0)
 
 
 def test_many_small_tensors_are_written_within_the_parser_caps():
@@ -183,10 +188,12 @@ def test_a_header_describing_more_than_its_tensors_is_refused_before_it_is_parse
     spec = {"w": TensorSpec(np.dtype(np.float32), (2,))}
     flood = pb.PushHeader(worker_rank=0, shared=[pb.SharedTensor(offset=1)] * 10_000)
     with pytest.raises(BadTensor, match="bytes is over"):
-        read_push([parse_part(pb.PushRequest(header=flood).SerializeToString())], spec)
+        read_header(iter([parse_part(pb.PushRequest(header=flood).SerializeToString())]),
+                    "Push", len(spec))
     fits = pb.PushHeader(worker_rank=0, segment="s" * 100, shared=[pb.SharedTensor(name="w")])
-    header, tensors = read_push([parse_part(pb.PushRequest(header=fits).SerializeToString())], spec)
-    assert header.shared[0].name == "w" and tensors == {}
+    header = read_header(iter([parse_part(pb.PushRequest(header=fits).SerializeToString())]),
+                         "Push", len(spec))
+    assert header.shared[0].name == "w"
 
 
 def test_a_header_from_a_peer_that_still_sends_attempt_is_read_without_it():
@@ -196,5 +203,21 @@ def test_a_header_from_a_peer_that_still_sends_attempt_is_read_without_it():
     header = pb.PushHeader(worker_rank=1, step=4, num_examples=8, num_tensors=0)
     old_peer = b"\x18\x02" + header.SerializeToString()  # field 3, varint 2
     message = b"\x0a" + varint(len(old_peer)) + old_peer
-    got, tensors = read_push([parse_part(message)], {})
-    assert (got.worker_rank, got.step, got.num_examples, tensors) == (1, 4, 8, {})
+    got = read_header(iter([parse_part(message)]), "Push", 0)
+    assert (got.worker_rank, got.step, got.num_examples, got.num_tensors) == (1, 4, 8, 0)
+
+
+def test_a_tensor_not_held_here_is_refused_naming_a_few_held_ones_and_how_many_more():
+    chunk = pb.TensorChunk(name="stranger", dtype=pb.FLOAT32, shape=[1], data=b"\0" * 4)
+    parts = [parse_part(pb.PushRequest(chunks=pb.TensorChunks(chunks=[chunk]))
+                        .SerializeToString())]
+    held = {f"layer{i:02d}": TensorSpec(np.dtype(np.float32), (1,)) for i in range(25)}
+    with pytest.raises(BadTensor) as err:
+        read_chunks(iter(parts), "Push", 1, held)
+    assert "'stranger' is not held here" in str(err.value)
+    assert "'layer09'] ... and 15 more" in str(err.value)
+    assert "layer10" not in str(err.value)
+    few = dict(list(held.items())[:3])
+    with pytest.raises(BadTensor) as err:
+        read_chunks(iter(parts), "Push", 1, few)
+    assert str(err.value).endswith("['layer00', 'layer01', 'layer02']")

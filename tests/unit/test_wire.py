@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from towerps.codec import parse_part, pull_stream, push_stream, read_pull, read_push
+from towerps.codec import parse_part, pull_stream, push_stream, read_chunks, read_header, read_pull
 from towerps.errors import BadTensor
 from towerps.proto import towerps_pb2 as pb
 from towerps.wire import (
@@ -28,11 +28,19 @@ def push_messages(header, tensors):
     return [parse_part(m) for m in push_stream(header, tensors)]
 
 
+def read_as_shard(parts, expected):
+    """(header, tensors) of a Push stream, read as a shard's chunk carrier
+    reads it: codec.read_header, then codec.read_chunks."""
+    parts = iter(parts)
+    header = read_header(parts, "Push", len(expected))
+    return header, read_chunks(parts, "Push", header.num_tensors, expected)
+
+
 def received(chunks, expected=None):
     """The tensors a receiver makes of `chunks`, each sent in a message of its
     own after a header announcing their tensors: a Pull stream through
     codec.read_pull, or with `expected` (a shard's specs) a Push stream
-    through codec.read_push."""
+    through `read_as_shard`."""
     chunks = [pb.TensorChunk(name=c.name, dtype=c.dtype, shape=c.shape, offset=c.offset,
                              data=bytes(c.data)) for c in chunks]
     num_tensors = len({c.name for c in chunks})
@@ -43,7 +51,7 @@ def received(chunks, expected=None):
         return read_pull(parse_part(m.SerializeToString()) for m in messages)[1]
     messages = [pb.PushRequest(header=pb.PushHeader(num_tensors=num_tensors))]
     messages += [pb.PushRequest(chunks=b) for b in body]
-    return read_push([parse_part(m.SerializeToString()) for m in messages], expected)[1]
+    return read_as_shard([parse_part(m.SerializeToString()) for m in messages], expected)[1]
 
 
 def test_round_trip_of_every_dtype_and_odd_shapes():
@@ -149,15 +157,15 @@ def test_push_stream_round_trip_and_tensor_count_check():
     grads = {"a": np.arange(3, dtype=np.float32), "b": np.ones((2, 2), np.float32)}
     header = pb.PushHeader(worker_rank=1, step=7, num_examples=64, loss=0.5, num_tensors=2)
     expected = {n: TensorSpec(g.dtype, g.shape) for n, g in grads.items()}
-    got_header, got = read_push(push_messages(header, grads), expected)
+    got_header, got = read_as_shard(push_messages(header, grads), expected)
     assert (got_header.worker_rank, got_header.step, got_header.num_examples) == (1, 7, 64)
     np.testing.assert_array_equal(got["b"], grads["b"])
 
     header.num_tensors = 3
     with pytest.raises(BadTensor, match="announced 3 tensors but carried 2"):
-        read_push(push_messages(header, grads), expected)
+        read_as_shard(push_messages(header, grads), expected)
     with pytest.raises(BadTensor, match="must start with a PushHeader"):
-        read_push(list(push_messages(header, grads))[1:], expected)
+        read_as_shard(list(push_messages(header, grads))[1:], expected)
 
 
 def test_small_tensors_pack_into_few_messages_and_large_ones_fill_their_own():
