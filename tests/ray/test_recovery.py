@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray.test_checkpoints import job, ray_cluster, weights_of  # noqa: F401 (fixture)
+from tests.ray.test_checkpoints import CLEAN_STEPS, clean, job, weights_of  # noqa: F401 (fixture)
 from tests.polling import wait_until
 from tests.ray.test_stops import descendants, running, wait_for, wait_gone
 from towerps.cluster import train
@@ -37,7 +37,7 @@ from towerps.workers.faults import Faults, Hold
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STEPS = 16  # checkpoints every 4 (test_checkpoints.job)
+STEPS = CLEAN_STEPS  # checkpoints every 4 (test_checkpoints.job)
 TIMEOUT_S = 600.0
 HOLD_HARNESS = Path(__file__).with_name("hold_harness.py")
 TOWERPS = Path(sys.executable).parent / "towerps"
@@ -93,14 +93,6 @@ class Background:
         if "error" in self.outcome:
             raise self.outcome["error"]
         return self.outcome["summary"]
-
-
-@pytest.fixture(scope="module")
-def clean(ray_cluster, tmp_path_factory):
-    """The run directory of the sync run without failures that every sync case must end as."""
-    run_dir = tmp_path_factory.mktemp("clean")
-    assert train(job(run_dir, steps=STEPS), progress=False).recoveries == []
-    return run_dir
 
 
 def assert_as_clean(run_dir, summary, clean) -> None:
