@@ -1,16 +1,21 @@
 """Checkpoints of a real run, and `--resume`: the resumed run ends with the
 weights of the uninterrupted one, bit for bit (sync, 3 workers, so that the
 order of summation matters; Fashion-MNIST in memory, fixed seed). Every
-model.keras carries the shards' Adam state, sliced variables joined."""
+model.keras carries the shards' Adam state, sliced variables joined.
+
+The uninterrupted run (`clean`) is trained once a session: test_recovery and
+test_takeover compare their runs with it too.
+"""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
-import ray
 
 from towerps.cluster import TrainConfig, train
+from towerps.cluster.api.summary import RunSummary
 from towerps.cluster.run.driver import resume_config
 from towerps.ps.checkpoint import CheckpointStore
 from towerps.ps.keras_optimizer import keras_variables
@@ -19,20 +24,24 @@ from towerps.workers.variables import ModelVariables
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """This module's own local Ray cluster: 3 workers and 2 shards need 5 CPUs."""
-    ray.init(address="local", num_cpus=6, include_dashboard=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
-    yield
-    ray.shutdown()
+CLEAN_STEPS = 16
 
 
 def job(run_dir, steps, **changes) -> TrainConfig:
     return TrainConfig(dataset="fashion_mnist", num_workers=3, num_ps=2, batch_size=96,
                        steps=steps, checkpoint_every=4, log_every=4, seed=3,
                        run_dir=str(run_dir), **changes)
+
+
+@pytest.fixture(scope="module")
+def clean(ray_cluster, shared_runs) -> Path:
+    """The run directory of `job` for CLEAN_STEPS without failures (a
+    checkpoint every 4 steps, the default 3 kept): every module's runs of
+    the job end as it does. Trained once a session; read it, never write it."""
+    def train_clean(run_dir):
+        assert train(job(run_dir, steps=CLEAN_STEPS), progress=False).recoveries == []
+
+    return shared_runs("clean", train_clean)
 
 
 def weights_of(path) -> dict[str, bytes]:
@@ -74,36 +83,38 @@ def assert_same(got: dict, want: dict) -> None:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(ray_cluster, tmp_path):
-    clean = train(job(tmp_path / "clean", steps=12, keep_checkpoints=2), progress=False)
-    assert clean.checkpoints.complete == [8, 12]  # every 4 steps, the newest 2 kept
-    assert clean.checkpoints.parts_written == 6 and not clean.checkpoints.errors
+def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(clean, tmp_path):
+    summary = RunSummary.load(str(clean))
+    assert summary.checkpoints.complete == [8, 12, 16]  # every 4 steps, the newest 3 kept
+    assert summary.checkpoints.parts_written == 8 and not summary.checkpoints.errors
     # model.keras of the latest complete checkpoint loads and holds the final weights.
-    final = weights_of(tmp_path / "clean" / "model.keras")
-    checkpoint_model = tmp_path / "clean" / "checkpoints" / "v0000000012" / "model.keras"
+    final = weights_of(clean / "model.keras")
+    checkpoint_model = clean / "checkpoints" / "v0000000016" / "model.keras"
     assert weights_of(checkpoint_model) == final
-    # Both carry the shards' Adam: 12 iterations and the moments of the parts.
-    saved = optimizer_of(tmp_path / "clean" / "model.keras")
-    assert int(saved["_iterations"]) == 12
-    in_parts = shards_optimizer(tmp_path / "clean", 12, checkpoint_model)
+    # Both carry the shards' Adam: 16 iterations and the moments of the parts.
+    saved = optimizer_of(clean / "model.keras")
+    assert int(saved["_iterations"]) == 16
+    in_parts = shards_optimizer(clean, 16, checkpoint_model)
     assert len(in_parts) == 2 * sum(1 for k in saved if k.startswith("_momentums/"))
     for key, array in in_parts.items():
         np.testing.assert_array_equal(saved[key], array, err_msg=key)
     assert np.abs(in_parts[next(iter(in_parts))]).max() > 0  # Adam's moments moved
     assert_same(optimizer_of(checkpoint_model), saved)
 
-    # The same run stopped after 6 steps (its last checkpoint: 4), then resumed to 12.
-    train(job(tmp_path / "resumed", steps=6), progress=False)
-    resumed = train(resume_config(str(tmp_path / "resumed"), steps=12), resume=True,
+    # The same run stopped after 6 steps (its last checkpoint: 4), then resumed to 16;
+    # it keeps 2 checkpoints, which its config.json carries into the resumed run.
+    train(job(tmp_path / "resumed", steps=6, keep_checkpoints=2), progress=False)
+    resumed = train(resume_config(str(tmp_path / "resumed"), steps=16), resume=True,
                     progress=False)
     assert resumed.checkpoints.resumed_from == 4
-    assert resumed.steps == 12
+    assert resumed.checkpoints.complete == [12, 16]
+    assert resumed.steps == 16
     assert weights_of(tmp_path / "resumed" / "model.keras") == final
     assert_same(optimizer_of(tmp_path / "resumed" / "model.keras"), saved)
 
     metrics = [json.loads(line)
                for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [4, 8, 12]  # the first run's 5 and 6 replaced
-    assert metrics[-1]["examples"] == resumed.examples == 12 * 96
-    # The rate counts the resumed run's own 8 steps over its own training time.
-    assert resumed.examples_per_s == pytest.approx(8 * 96 / resumed.wall_s)
+    assert [m["step"] for m in metrics] == [4, 8, 12, 16]  # the first run's 5 and 6 replaced
+    assert metrics[-1]["examples"] == resumed.examples == 16 * 96
+    # The rate counts the resumed run's own 12 steps over its own training time.
+    assert resumed.examples_per_s == pytest.approx(12 * 96 / resumed.wall_s)

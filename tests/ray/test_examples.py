@@ -3,8 +3,8 @@ tf.data and Ray Data examples reach 0.85 on Fashion-MNIST in 1,000 steps with 2
 workers x 2 shards (slow); each worker reads only its own rows on both paths.
 (examples/regression.py trains through the CLI in test_own_model.py.)
 
-One module-scoped Ray cluster with 6 logical CPUs: 2 workers and 2 shards,
-and two left for Ray Data's own tasks.
+The shared Ray cluster (tests/ray/conftest.py): 2 workers and 2 shards,
+and CPUs left for Ray Data's own tasks.
 
     .venv/bin/python -m pytest tests/ray/test_examples.py
 """
@@ -27,20 +27,12 @@ pytestmark = pytest.mark.ray
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=6, include_dashboard=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
-    yield
-    ray.shutdown()
-
-
 def readme_example() -> str:
     section = README.read_text().split("## Train your own model", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_readme_example_runs_as_written(cluster, tmp_path, monkeypatch, capsys):
+def test_the_readme_example_runs_as_written(ray_cluster, tmp_path, monkeypatch, capsys):
     """The README's own-model example, exactly as written and under 25 lines,
     run in this process: towerps.fit uses the Ray already started here."""
     code = readme_example()
@@ -58,7 +50,7 @@ def read_ids(split, rank: int) -> list[int]:
     return [int(i) for x, _ in ray_data_batches(split, 8, ("id", "id")) for i in x]
 
 
-def test_each_worker_of_a_ray_data_job_reads_only_its_own_rows(cluster):
+def test_each_worker_of_a_ray_data_job_reads_only_its_own_rows(ray_cluster):
     """The splits towerps hands the workers (streaming_split, equal shares):
     read concurrently, as workers do, they are disjoint and cover the data.
     A Ray Data validation set is streamed, a new pass per evaluation."""
@@ -89,7 +81,7 @@ def files_opened(rank: int, num_workers: int) -> tuple[list[str], int]:
     return opened, rows
 
 
-def test_each_worker_of_a_tf_data_job_opens_only_its_own_files(cluster):
+def test_each_worker_of_a_tf_data_job_opens_only_its_own_files(ray_cluster):
     """The tf.data example's factory, run by 2 workers at once in processes of
     their own: each opens only its files (every 2nd from its rank), each once,
     and yields their rows; no file is opened by both."""
@@ -104,7 +96,7 @@ def test_each_worker_of_a_tf_data_job_opens_only_its_own_files(cluster):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tf_data", "ray_data"])
 def test_the_fashion_mnist_examples_reach_0_85_in_1000_steps_with_2_workers_and_2_shards(
-        cluster, tmp_path, capsys, kind):
+        ray_cluster, tmp_path, capsys, kind):
     """Each example as shipped (its main(): 2 workers, 2 shards, 1,000 steps)."""
     example = {"tf_data": fashion_mnist_tf_data, "ray_data": fashion_mnist_ray_data}[kind]
     result = example.main(run_dir=str(tmp_path), progress=False)

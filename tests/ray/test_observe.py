@@ -19,17 +19,12 @@ METRICS_WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One tiny run in a Ray cluster that exports metrics every half second."""
-    ray.init(num_cpus=4, include_dashboard=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}},
-             _system_config={"metrics_report_interval_ms": 500})
+def run(ray_cluster, tmp_path_factory):
+    """One tiny run in the shared Ray cluster, which exports metrics every half second."""
     run_dir = tmp_path_factory.mktemp("watched")
     config = TrainConfig(dataset="synthetic", num_workers=2, num_ps=2, batch_size=32, steps=30,
                          log_every=10, lr=0.005, run_dir=str(run_dir))
-    summary = train(config, progress=False)
-    yield run_dir, summary
-    ray.shutdown()
+    return run_dir, train(config, progress=False)
 
 
 def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:

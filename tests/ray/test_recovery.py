@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray.test_checkpoints import job, ray_cluster, weights_of  # noqa: F401 (fixture)
+from tests.ray.test_checkpoints import CLEAN_STEPS, clean, job, weights_of  # noqa: F401 (fixture)
 from tests.polling import wait_until
 from tests.ray.test_stops import descendants, running, wait_for, wait_gone
 from towerps.cluster import train
@@ -37,7 +37,7 @@ from towerps.testing import Faults, Hold, injected
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STEPS = 16  # checkpoints every 4 (test_checkpoints.job)
+STEPS = CLEAN_STEPS  # checkpoints every 4 (test_checkpoints.job)
 TIMEOUT_S = 600.0
 HOLD_HARNESS = Path(__file__).with_name("hold_harness.py")
 TOWERPS = Path(sys.executable).parent / "towerps"
@@ -73,6 +73,14 @@ def pid_of(run_dir, role: str, index: int) -> int:
     return next(r["pid"] for r in records if (r["role"], r["index"]) == (role, index))
 
 
+def segments_of(run_dir) -> list[str]:
+    """The run's shared-memory files still in /dev/shm."""
+    records = json.loads((run_dir / "placement.json").read_text())
+    prefix = next(r["segment_prefix"] for r in records if r["role"] == "worker")
+    assert prefix
+    return [n for n in os.listdir(SEGMENT_DIR) if n.startswith(prefix)]
+
+
 class Background:
     """`train(config)` on a thread, with `faults` injected (towerps.testing);
     `result()` joins it and returns the summary."""
@@ -97,14 +105,6 @@ class Background:
         return self.outcome["summary"]
 
 
-@pytest.fixture(scope="module")
-def clean(ray_cluster, tmp_path_factory):
-    """The run directory of the sync run without failures that every sync case must end as."""
-    run_dir = tmp_path_factory.mktemp("clean")
-    assert train(job(run_dir, steps=STEPS), progress=False).recoveries == []
-    return run_dir
-
-
 def assert_as_clean(run_dir, summary, clean) -> None:
     """`summary`: a RunSummary or summary.json's dict. Counted over the final history (replayed steps replace the rolled-back
     ones), every global batch was applied once, with its examples; then the
@@ -123,7 +123,9 @@ def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_fai
     checkpoint 4); worker 2 dying in its push of step 9 after reaching shard 0
     only (the shards disagree: back to the latest checkpoint); worker 1
     SIGKILLed between steps, holding before step 13 (its replacement takes
-    rank 1 at step 13, nothing rolled back)."""
+    rank 1 at step 13, nothing rolled back). Files in /dev/shm outlive a
+    SIGKILL: worker 1's replacement removes its dead predecessor's, and the
+    run's end every other."""
     run_dir = tmp_path / "killed"
     release_6, release_13 = str(tmp_path / "release-6"), str(tmp_path / "release-13")
     faults = Faults(holds=(Hold(rank=0, step=6, release=release_6),
@@ -137,9 +139,14 @@ def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_fai
     open(release_6, "w").close()
     wait_for_file(release_13 + ".held")
     killed_worker = pid_of(run_dir, "worker", 1)
+    assert any(f"-w1-s0-p{killed_worker}-" in n for n in segments_of(run_dir))
     os.kill(killed_worker, signal.SIGKILL)
-    open(release_13, "w").close()  # its replacement holds there too, until now
+    # Its replacement, set up and holding there too, has removed the dead one's files.
+    wait_replaced(run_dir, "worker", 1, killed_worker)
+    assert not [n for n in segments_of(run_dir) if f"-w1-s0-p{killed_worker}-" in n]
+    open(release_13, "w").close()
     summary = run.result()
+    assert segments_of(run_dir) == []
 
     shard, half_push, between = summary.recoveries
     assert (shard.role, shard.index, shard.resumed_from) == ("ps", 1, 4)
@@ -273,39 +280,22 @@ def ray_agent(pid: int) -> bool:
         a.endswith(RAY_AGENT_SCRIPTS) for a in argv[1:3])
 
 
-def segments_of(run_dir) -> list[str]:
-    """The run's shared-memory files still in /dev/shm."""
-    records = json.loads((run_dir / "placement.json").read_text())
-    prefix = next(r["segment_prefix"] for r in records if r["role"] == "worker")
-    assert prefix
-    return [n for n in os.listdir(SEGMENT_DIR) if n.startswith(prefix)]
-
-
-def test_a_sigkilled_workers_shared_memory_is_removed_with_or_without_a_recovery(
-        ray_cluster, tmp_path):
-    """Files in /dev/shm outlive a SIGKILL: with checkpoints the replacement
-    removes its dead predecessor's; without, the run fails and its end
-    removes every file of it."""
-    for checkpoints in (4, 0):
-        run_dir = tmp_path / f"every-{checkpoints}"
-        release = str(tmp_path / f"release-{checkpoints}")
-        faults = Faults(holds=(Hold(rank=1, step=6, release=release),))
-        run = Background(replace(job(run_dir, steps=8, same_node_transport="shm"),
-                                 checkpoint_every=checkpoints), faults)
-        wait_for_file(release + ".held")
-        killed = pid_of(run_dir, "worker", 1)
-        assert any(f"-w1-s0-p{killed}-" in n for n in segments_of(run_dir))
-        os.kill(killed, signal.SIGKILL)
-        if checkpoints:  # its replacement, set up and holding, has removed the dead one's
-            wait_replaced(run_dir, "worker", 1, killed)
-            assert not [n for n in segments_of(run_dir) if f"-w1-s0-p{killed}-" in n]
-        open(release, "w").close()  # a replacement holds there too, until now
-        if checkpoints:
-            assert run.result().steps == 8
-        else:
-            with pytest.raises(ActorDied):
-                run.result()
-        assert segments_of(run_dir) == []
+def test_a_sigkilled_workers_shared_memory_is_removed_when_the_run_fails(ray_cluster, tmp_path):
+    """Files in /dev/shm outlive a SIGKILL: without checkpoints the run fails
+    and its end removes every file of it. (With checkpoints the replacement
+    removes its dead predecessor's: the first test of this module.)"""
+    run_dir, release = tmp_path / "run", str(tmp_path / "release")
+    faults = Faults(holds=(Hold(rank=1, step=6, release=release),))
+    run = Background(replace(job(run_dir, steps=8, same_node_transport="shm"),
+                             checkpoint_every=0), faults)
+    wait_for_file(release + ".held")
+    killed = pid_of(run_dir, "worker", 1)
+    assert any(f"-w1-s0-p{killed}-" in n for n in segments_of(run_dir))
+    os.kill(killed, signal.SIGKILL)
+    open(release, "w").close()
+    with pytest.raises(ActorDied):
+        run.result()
+    assert segments_of(run_dir) == []
 
 
 def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_kill(

@@ -12,7 +12,6 @@ uninterrupted run.
 import os
 
 import pytest
-import ray
 from pyarrow.fs import FileSystem
 
 from tests.ray.test_checkpoints import job, weights_of
@@ -33,9 +32,10 @@ ENV = {
 
 
 @pytest.fixture(scope="module")
-def s3_prefix():
+def s3_prefix(ray_clusters):
     """The URI of an empty prefix in a bucket of a local S3 server, with this
-    module's Ray cluster started in the credentials' environment."""
+    module's own Ray cluster (not the shared one) started in the credentials'
+    environment."""
     from moto.server import ThreadedMotoServer
     from pyarrow import fs
 
@@ -49,12 +49,12 @@ def s3_prefix():
                "&region=us-east-1")
         fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
                         allow_bucket_creation=True).create_dir(BUCKET)
-        ray.init(address="local", num_cpus=6, include_dashboard=False,
-                 runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **ENV}})
+        ray_clusters.use(address="local", num_cpus=6, include_dashboard=False,
+                         runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **ENV}})
         try:
             yield uri
         finally:
-            ray.shutdown()
+            ray_clusters.stop()  # the credentials go with it
             server.stop()
 
 

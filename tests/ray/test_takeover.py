@@ -13,37 +13,18 @@ import os
 import signal
 
 import pytest
-import ray
 
-from tests.ray.test_checkpoints import job, weights_of
+from tests.ray.test_checkpoints import CLEAN_STEPS, clean, job, weights_of  # noqa: F401 (fixture)
 from tests.polling import wait_until
 from tests.ray.test_recovery import Background, pid_of, wait_for_file, wait_replaced
-from towerps.cluster import train
 from towerps.cluster.run.security import read_cluster_json
 from towerps.cluster.observe.status import ShardReader
 from towerps.testing import Faults, Hold
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STEPS, WORKERS = 16, 3  # checkpoints every 4 (test_checkpoints.job)
+STEPS, WORKERS = CLEAN_STEPS, 3  # checkpoints every 4 (test_checkpoints.job)
 TIMEOUT_S = 600.0
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """3 workers, 2 shards, the checkpoint sink and a replacement or spare."""
-    ray.init(address="local", num_cpus=7, include_dashboard=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def clean(ray_cluster, tmp_path_factory):
-    """The run without failures: its final weights."""
-    run_dir = tmp_path_factory.mktemp("clean")
-    train(job(run_dir, steps=STEPS), progress=False)
-    return weights_of(run_dir / "model.keras")
 
 
 def wait_for_pushes(run_dir, count: int, timeout_s: float = TIMEOUT_S) -> None:
@@ -75,6 +56,6 @@ def test_a_rollback_after_runs_ended_runs_them_again(ray_cluster, clean, tmp_pat
     summary = run.result()
 
     assert summary.steps == STEPS and summary.examples == STEPS * 96
-    assert weights_of(run_dir / "model.keras") == clean
+    assert weights_of(run_dir / "model.keras") == weights_of(clean / "model.keras")
     assert ("ps", 1) in [(r.role, r.index) for r in summary.recoveries]
     assert ("worker", 1) in [(r.role, r.index) for r in summary.recoveries]

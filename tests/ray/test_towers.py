@@ -1,4 +1,4 @@
-"""Multi-tower workers end to end, on a Ray cluster that declares 2 GPUs.
+"""Multi-tower workers end to end, on the shared Ray cluster, which declares 2 GPUs.
 
     .venv/bin/python -m pytest tests/ray/test_towers.py
 
@@ -28,14 +28,6 @@ pytestmark = pytest.mark.ray
 COMMON = dict(dataset="synthetic", num_ps=2, batch_size=64, optimizer="sgd", lr=0.1, seed=3)
 
 
-@pytest.fixture(scope="module")
-def gpu_cluster():
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
-    yield
-    ray.shutdown()
-
-
 def one_process_weights(steps: int) -> dict:
     """The same SGD training in this process: one tower, the whole global batch, no PS."""
     dataset = load_dataset("synthetic", seed=3)
@@ -56,7 +48,7 @@ def assert_weights_match(run_dir, expected):
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
-def test_one_worker_with_two_towers_matches_one_tower_and_pushes_once(gpu_cluster, tmp_path):
+def test_one_worker_with_two_towers_matches_one_tower_and_pushes_once(ray_cluster, tmp_path):
     steps = 6
     config = TrainConfig(num_workers=1, steps=steps, run_dir=str(tmp_path),
                          devices=DeviceConfig(cpu_towers=2), **COMMON)
@@ -73,7 +65,7 @@ def test_one_worker_with_two_towers_matches_one_tower_and_pushes_once(gpu_cluste
     assert on_disk["config"]["devices"]["cpu_towers"] == 2
 
 
-def test_measured_balance_shifts_rows_from_a_slow_tower_and_keeps_parity(gpu_cluster, tmp_path):
+def test_measured_balance_shifts_rows_from_a_slow_tower_and_keeps_parity(ray_cluster, tmp_path):
     """Two workers of two towers; tower 1 of each is made 8x slower (test-only
     delay). The global batch of every step is unchanged, so the weights still
     match one process; the slow towers end with fewer rows."""
@@ -93,7 +85,7 @@ def test_measured_balance_shifts_rows_from_a_slow_tower_and_keeps_parity(gpu_clu
 
 
 def test_a_worker_given_gpus_that_tensorflow_cannot_see_fails_before_training(
-        gpu_cluster, tmp_path):
+        ray_cluster, tmp_path):
     """Ray places the worker on a declared GPU; TensorFlow here has none, so
     set-up stops the job with what Ray assigned and what to install."""
     config = TrainConfig(num_workers=1, steps=3, run_dir=str(tmp_path),
@@ -110,7 +102,7 @@ class Probe:
         return ray.get_runtime_context().get_assigned_resources(), ray.get_gpu_ids()
 
 
-def test_two_jobs_can_each_hold_half_a_gpu(gpu_cluster):
+def test_two_jobs_can_each_hold_half_a_gpu(ray_cluster):
     half = TrainConfig(devices=DeviceConfig(gpus_per_worker=0.5, gpu_memory_limit_mb=4096))
     probes = [Probe.options(**actor_options(worker_resources(half))).remote() for _ in range(2)]
     try:
