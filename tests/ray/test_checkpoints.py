@@ -40,6 +40,7 @@ def clean(ray_cluster, shared_runs) -> Path:
     the job end as it does. Trained once a session; read it, never write it."""
     def train_clean(run_dir):
         assert train(job(run_dir, steps=CLEAN_STEPS), progress=False).recoveries == []
+        return run_dir
 
     return shared_runs("clean", train_clean)
 
