@@ -1,8 +1,8 @@
 """The ray tier's one local Ray cluster, and runs that several tests look at.
 
-`ray_cluster`: one cluster for the whole session, started by the first test
-that asks for it: starting Ray takes seconds on 2 busy cores, and every
-module used to start its own. It is made for all of them at once:
+`ray_cluster`: one cluster for the whole tier (this package), started by the
+first test that asks for it and stopped after its last test: starting Ray
+takes seconds on 2 busy cores, and every module used to start its own. It is made for all of them at once:
 
 - 7 logical CPUs: 3 workers, 2 shards and a replacement or a spare; or 2
   workers, 2 shards and Ray Data's tasks;
@@ -14,7 +14,7 @@ module used to start its own. It is made for all of them at once:
   a test key, no instance-metadata lookup, no profile files. Nothing else
   reads S3.
 
-`shared_runs(name, train_it)`: a run trained once a session, by the first
+`shared_runs(name, train_it)`: a run trained once per tier, by the first
 test that asks for it; every later one gets what `train_it` returned then.
 Read its run directory, never write it. `small_run` is one: 40 steps of 2
 workers and 2 shards on synthetic data, which test_train reads its files
@@ -39,9 +39,9 @@ S3_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
-    """The session's local Ray cluster (this module's docstring says what it holds)."""
+    """The tier's local Ray cluster (this module's docstring says what it holds)."""
     ray.init(address="local", num_cpus=7, num_gpus=2, include_dashboard=False,
              runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **S3_ENV}},
              _system_config={"metrics_report_interval_ms": 500})
@@ -49,7 +49,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_runs(tmp_path_factory):
     """shared_runs(name, train_it) -> what train_it(run_dir) returned the
     first time run `name` was asked for (it trains in a new run_dir then)."""
