@@ -1,7 +1,8 @@
 """Shared fixtures and the run's summary. Each test tier has its own folder
 and marker: unit (no Ray, no sockets), rpc (real gRPC servers on port 0),
-ray (one module-scoped local Ray cluster), cluster (several real Ray nodes),
-install (pip against the package index); slow besides, for the long ones.
+ray (one local Ray cluster for the tier, tests/ray/conftest.py), cluster
+(several real Ray nodes), install (pip against the package index); slow
+besides, for the long ones.
 Every test file says its tier with a module-level `pytestmark`
 (tests/unit/test_suite.py fails when one does not).
 

@@ -3,7 +3,7 @@ weights of the uninterrupted one, bit for bit (sync, 3 workers, so that the
 order of summation matters; Fashion-MNIST in memory, fixed seed). Every
 model.keras carries the shards' Adam state, sliced variables joined.
 
-The uninterrupted run (`clean`) is trained once a session: test_recovery and
+The uninterrupted run (`clean`) is trained once for the tier: test_recovery and
 test_takeover compare their runs with it too.
 """
 
@@ -37,9 +37,10 @@ def job(run_dir, steps, **changes) -> TrainConfig:
 def clean(ray_cluster, shared_runs) -> Path:
     """The run directory of `job` for CLEAN_STEPS without failures (a
     checkpoint every 4 steps, the default 3 kept): every module's runs of
-    the job end as it does. Trained once a session; read it, never write it."""
+    the job end as it does. Trained once for the tier; read it, never write it."""
     def train_clean(run_dir):
         assert train(job(run_dir, steps=CLEAN_STEPS), progress=False).recoveries == []
+        return run_dir
 
     return shared_runs("clean", train_clean)
 

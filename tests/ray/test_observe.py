@@ -10,7 +10,6 @@ import ray
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from towerps.cluster import TrainConfig, train
 from towerps.cluster.observe.observers import read_workers_file
 
 pytestmark = pytest.mark.ray
@@ -19,12 +18,11 @@ METRICS_WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def run(ray_cluster, tmp_path_factory):
-    """One tiny run in the shared Ray cluster, which exports metrics every half second."""
-    run_dir = tmp_path_factory.mktemp("watched")
-    config = TrainConfig(dataset="synthetic", num_workers=2, num_ps=2, batch_size=32, steps=30,
-                         log_every=10, lr=0.005, run_dir=str(run_dir))
-    return run_dir, train(config, progress=False)
+def run(small_run):
+    """The session's small run (tests/ray/conftest.py: 40 steps, 2 workers of 32
+    rows, 2 shards), in the shared Ray cluster, which exports metrics every
+    half second."""
+    return small_run
 
 
 def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
@@ -39,20 +37,20 @@ def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
 def test_tensorboard_reads_the_runs_plots(run):
     run_dir, summary = run
     series = scalars(run_dir)
-    assert [step for step, _ in series["train/loss"]] == [10, 20, 30]
+    assert [step for step, _ in series["train/loss"]] == [10, 20, 30, 40]
     assert all(value > 0 for _, value in series["train/examples_per_s"])
-    assert series["test/accuracy"] == [(30, pytest.approx(summary.test_accuracy, abs=1e-6))]
+    assert series["test/accuracy"] == [(40, pytest.approx(summary.test_accuracy, abs=1e-6))]
     for rank in (0, 1):
         for part in ("pull", "compute", "push"):
             points = series[f"workers/{rank}/{part}_ms"]
             assert points and all(value >= 0 for _, value in points)
         assert series[f"workers/{rank}/wire_mb"][-1][1] > 0
     for shard in (0, 1):
-        assert series[f"shards/{shard}/pushes_applied"][-1] == (30, 60.0)  # 2 workers x 30 steps
+        assert series[f"shards/{shard}/pushes_applied"][-1] == (40, 80.0)  # 2 workers x 40 steps
         assert series[f"shards/{shard}/pushes_per_s"][-1][1] > 0
         assert f"shards/{shard}/pulls_waiting" in series
     for tag in ("wire/bytes_per_step", "staleness/mean", "staleness/max", "pushes/dropped"):
-        assert len(series[tag]) == 3
+        assert len(series[tag]) == 4
     events = EventAccumulator(str(run_dir))
     events.Reload()
     assert "staleness" in events.Tags()["tensors"]  # the histogram
@@ -61,10 +59,10 @@ def test_tensorboard_reads_the_runs_plots(run):
 def test_the_workers_file_holds_each_workers_last_figures(run):
     run_dir, _ = run
     state = read_workers_file(str(run_dir))
-    assert state["finished"] and state["version"] == 30
+    assert state["finished"] and state["version"] == 40
     assert [w["rank"] for w in state["workers"]] == [0, 1]
     for worker in state["workers"]:
-        assert worker["alive"] and worker["steps"] == 30 and worker["examples"] == 30 * 16
+        assert worker["alive"] and worker["steps"] == 40 and worker["examples"] == 40 * 32
         assert worker["devices"] == ["/CPU:0"] and worker["pid"] > 0
         assert worker["compute_s"] > 0 and worker["bytes_sent"] > 0
 
@@ -72,7 +70,7 @@ def test_the_workers_file_holds_each_workers_last_figures(run):
 def test_ray_metrics_reach_the_nodes_metrics_endpoint(run):
     _, summary = run
     port = ray._private.worker.global_worker.node.metrics_export_port
-    wanted = {"ray_towerps_version": 30.0, "ray_towerps_shard_pushes_applied": 60.0,
+    wanted = {"ray_towerps_version": 40.0, "ray_towerps_shard_pushes_applied": 80.0,
               "ray_towerps_test_accuracy": pytest.approx(summary.test_accuracy, abs=1e-6)}
     found: dict[str, float] = {}
     deadline = time.monotonic() + METRICS_WAIT_S

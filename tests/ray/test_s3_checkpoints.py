@@ -9,11 +9,10 @@ incomplete (its manifest deleted, as if the driver had died before it),
 uninterrupted run.
 """
 
-import os
-
 import pytest
 from pyarrow.fs import FileSystem
 
+from tests.ray.conftest import S3_ENV
 from tests.ray.test_checkpoints import job, weights_of
 from towerps.cluster import train
 from towerps.cluster.run.driver import resume_config
@@ -22,40 +21,29 @@ from towerps.ps.checkpoint import MANIFEST, CheckpointStore
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 BUCKET = "towerps-test"
-ENV = {
-    "AWS_ACCESS_KEY_ID": "towerps-test-key",
-    "AWS_SECRET_ACCESS_KEY": "towerps-test-secret",
-    "AWS_EC2_METADATA_DISABLED": "true",  # no instance-metadata lookup (169.254.169.254)
-    "AWS_CONFIG_FILE": os.devnull,  # nor a developer's ~/.aws profiles
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
 
 
 @pytest.fixture(scope="module")
-def s3_prefix(ray_clusters):
-    """The URI of an empty prefix in a bucket of a local S3 server, with this
-    module's own Ray cluster (not the shared one) started in the credentials'
-    environment."""
+def s3_prefix(ray_cluster):
+    """The URI of an empty prefix in a bucket of a local S3 server. The
+    shared Ray cluster's actors hold its credentials (tests/ray/conftest.py);
+    this process gets them for the module."""
     from moto.server import ThreadedMotoServer
     from pyarrow import fs
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    with pytest.MonkeyPatch.context() as env:
-        for name, value in ENV.items():
-            env.setenv(name, value)
-        uri = (f"s3://{BUCKET}/runs?endpoint_override={host}:{port}&scheme=http"
-               "&region=us-east-1")
-        fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
-                        allow_bucket_creation=True).create_dir(BUCKET)
-        ray_clusters.use(address="local", num_cpus=6, include_dashboard=False,
-                         runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **ENV}})
-        try:
-            yield uri
-        finally:
-            ray_clusters.stop()  # the credentials go with it
-            server.stop()
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in S3_ENV.items():
+                env.setenv(name, value)
+            fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http",
+                            region="us-east-1", allow_bucket_creation=True).create_dir(BUCKET)
+            yield (f"s3://{BUCKET}/runs?endpoint_override={host}:{port}&scheme=http"
+                   "&region=us-east-1")
+    finally:
+        server.stop()
 
 
 def test_checkpoints_in_s3_are_complete_and_a_run_resumes_from_them_bit_for_bit(

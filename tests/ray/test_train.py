@@ -24,29 +24,41 @@ def weights_of(run_dir):
     return {k: v.numpy() for k, v in ModelVariables(model).all.items()}
 
 
-def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path):
-    config = TrainConfig(
-        dataset="synthetic", num_workers=2, num_ps=2, batch_size=64, steps=40, lr=0.005,
-        log_every=10, run_dir=str(tmp_path),
-    )
-    summary = train(config, progress=False)
+# Sync, SGD, a fixed seed: the job of the parity oracle.
+PARITY = dict(dataset="synthetic", num_ps=2, batch_size=64, steps=6, optimizer="sgd", lr=0.1,
+              seed=3)
 
-    on_disk = json.loads((tmp_path / "summary.json").read_text())
+
+def parity_run(shared_runs, num_workers: int, transport: str = "shm",
+               push_pull: str = "combined"):
+    """(run_dir, RunSummary) of PARITY with `num_workers` over that transport,
+    trained once a session."""
+    def train_it(run_dir):
+        config = TrainConfig(num_workers=num_workers, same_node_transport=transport,
+                             push_pull=push_pull, run_dir=str(run_dir), **PARITY)
+        return run_dir, train(config, progress=False)
+
+    return shared_runs(f"parity-w{num_workers}-{transport}-{push_pull}", train_it)
+
+
+def test_a_run_writes_summary_metrics_and_a_loadable_model(small_run):
+    run_dir, summary = small_run  # tests/ray/conftest.py: 40 steps, global batch 64
+    on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk == summary.to_dict()
     assert list(on_disk) == SUMMARY_KEYS  # the public contract, from a real run
-    assert RunSummary.load(str(tmp_path)) == summary
+    assert RunSummary.load(str(run_dir)) == summary
     assert (summary.steps, summary.global_batch_size) == (40, 64)
     assert summary.examples_per_s > 0
     roles = sorted((p["role"], p["index"]) for p in summary.placement)
     assert roles == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
 
-    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [10, 20, 30, 40]
     assert all(m["loss"] > 0 and m["examples_per_s"] > 0 for m in metrics)
     assert metrics[-1]["loss"] < metrics[0]["loss"]
 
     # The saved model is plain Keras: it loads and evaluates to the reported figures.
-    model = keras.models.load_model(tmp_path / "model.keras")
+    model = keras.models.load_model(run_dir / "model.keras")
     x_test, y_test = load_dataset("synthetic", seed=0).test_arrays()
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     assert accuracy == pytest.approx(summary.test_accuracy, abs=1e-6)
@@ -55,24 +67,21 @@ def test_a_run_writes_summary_metrics_and_a_loadable_model(ray_cluster, tmp_path
 
 @pytest.mark.parametrize("transport, push_pull",
                          [("grpc", "combined"), ("shm", "combined"), ("shm", "separate")])
-def test_parity_one_worker_two_workers_and_one_process(ray_cluster, tmp_path, transport,
+def test_parity_one_worker_two_workers_and_one_process(ray_cluster, shared_runs, transport,
                                                        push_pull):
     """Sync mode's oracle: the global batch of a step is the same whatever the
     number of workers, so the weights are the same up to floating point;
     whether tensors cross shared memory (one node: every pair) or gRPC, and
     whether a push's answer brings the next parameters or a pull fetches them."""
-    common = dict(dataset="synthetic", num_ps=2, batch_size=64, steps=6, optimizer="sgd",
-                  lr=0.1, seed=3, same_node_transport=transport, push_pull=push_pull)
-    train(TrainConfig(num_workers=1, run_dir=str(tmp_path / "w1"), **common), progress=False)
-    summary = train(TrainConfig(num_workers=2, run_dir=str(tmp_path / "w2"), **common),
-                    progress=False)
-    one, two = weights_of(tmp_path / "w1"), weights_of(tmp_path / "w2")
+    w1, _ = parity_run(shared_runs, 1, transport, push_pull)
+    w2, summary = parity_run(shared_runs, 2, transport, push_pull)
+    one, two = weights_of(w1), weights_of(w2)
     workers = [r for r in summary.placement if r["role"] == "worker"]
     assert [r["same_node_shards"] for r in workers] == [[0, 1] if transport == "shm" else []] * 2
     # Two workers on one node share its cores; one alone keeps TensorFlow's pools.
     share = max(1, len(os.sched_getaffinity(0)) // 2)
     assert [(r["intra_op_threads"], r["inter_op_threads"]) for r in workers] == [(share, share)] * 2
-    alone = json.loads((tmp_path / "w1" / "summary.json").read_text())["placement"]
+    alone = json.loads((w1 / "summary.json").read_text())["placement"]
     assert [(r["intra_op_threads"], r["inter_op_threads"]) for r in alone
             if r["role"] == "worker"] == [(0, 0)]
     if transport == "shm":  # the run's segments are gone with it
@@ -123,15 +132,16 @@ def test_bfloat16_on_the_wire_still_converges_on_fashion_mnist(ray_cluster, tmp_
     assert {m["wire_bytes_per_step"] for m in metrics} == {summary.wire_bytes_per_step}
 
 
-def test_a_slow_worker_slows_nobody_s_result(ray_cluster, tmp_path):
+def test_a_slow_worker_slows_nobody_s_result(ray_cluster, shared_runs, tmp_path):
     """A slow worker (a test seam) changes timing only: the weights equal a
-    normal run's, and the summary says which worker was slowed."""
-    common = dict(dataset="synthetic", num_workers=2, num_ps=1, batch_size=32, steps=3,
-                  optimizer="sgd", seed=1)
-    train(TrainConfig(run_dir=str(tmp_path / "a"), **common), progress=False)
+    normal run's bit for bit (the parity test's 2-worker run over shared
+    memory), and the summary says which worker was slowed."""
+    normal, _ = parity_run(shared_runs, 2)
     with injected(Faults(slow_worker=(1, 3.0))):
-        summary = train(TrainConfig(run_dir=str(tmp_path / "b"), **common), progress=False)
-    a, b = weights_of(tmp_path / "a"), weights_of(tmp_path / "b")
+        summary = train(TrainConfig(num_workers=2, same_node_transport="shm",
+                                    push_pull="combined", run_dir=str(tmp_path), **PARITY),
+                        progress=False)
+    a, b = weights_of(normal), weights_of(tmp_path)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
     assert summary.config["slow_worker"] == "1:3"
