@@ -20,7 +20,7 @@ The exports load lazily: a PS shard actor unpickles its class from
 TensorFlow (about 300 MB) into that light process.
 """
 
-import importlib
+from towerps.lazy import lazy_exports
 
 _EXPORTS = {
     "FitResult": "api.fit",
@@ -30,11 +30,4 @@ _EXPORTS = {
     "train": "run.driver",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'towerps.cluster' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"towerps.cluster.{module}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

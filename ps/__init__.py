@@ -9,7 +9,7 @@ The exports load lazily, each from its module on first use: the command
 line reads Mode's flags (ps/modes.py) without loading numpy and gRPC.
 """
 
-import importlib
+from towerps.lazy import lazy_exports
 
 _EXPORTS = {
     "MODES": "modes",
@@ -24,11 +24,4 @@ _EXPORTS = {
     "Shard": "shard",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'towerps.ps' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"towerps.ps.{module}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -9,7 +9,7 @@ TensorFlow (about 500 MB and seconds of start-up), which only models,
 towers and the worker loop need.
 """
 
-import importlib
+from towerps.lazy import lazy_exports
 
 _EXPORTS = {
     "PSClient": "client",
@@ -26,11 +26,4 @@ _EXPORTS = {
     "WorkerSpec": "worker",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'towerps.workers' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"towerps.workers.{module}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

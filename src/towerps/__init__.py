@@ -22,17 +22,13 @@ __version__ = "0.1.0"
 
 # The public API, loaded on first use: importing towerps stays light (a shard
 # process imports it without TensorFlow).
-_API = {"fit": "api.fit", "FitResult": "api.fit", "TrainConfig": "api.config", "train": "run.driver"}
-__all__ = ["FitResult", "TrainConfig", "WorkerContext", "fit", "train", "__version__"]
+from towerps.lazy import lazy_exports  # noqa: E402
 
-
-def __getattr__(name):
-    import importlib
-
-    if name == "WorkerContext":
-        from towerps.workers.inputs import WorkerContext
-
-        return WorkerContext
-    if name in _API:
-        return getattr(importlib.import_module(f"towerps.cluster.{_API[name]}"), name)
-    raise AttributeError(f"module 'towerps' has no attribute {name!r}")
+__getattr__, _names = lazy_exports(__name__, {
+    "FitResult": "towerps.cluster.api.fit",
+    "TrainConfig": "towerps.cluster.api.config",
+    "WorkerContext": "towerps.workers.inputs",
+    "fit": "towerps.cluster.api.fit",
+    "train": "towerps.cluster.run.driver",
+})
+__all__ = [*_names, "__version__"]
