@@ -13,11 +13,14 @@ train: setup
 
 # The whole test suite, slow and multi-process tiers included (what CI runs),
 # ending with its 30 slowest tests: the ones to shorten when the suite grows.
+# Two pytest-xdist processes share the 2 cores: much of a Ray test is waiting
+# (process start-up, a shard's barrier), and tests/conftest.py keeps the tests
+# that share a Ray cluster or the cluster tier's nodes in one process.
 # Its set-up also installs what the cluster tier needs (openssh-server, rsync).
 # -X faulthandler: a crash, even at the interpreter's exit, prints every thread's stack.
 test:
 	@scripts/setup.sh --tests
-	.venv/bin/python -X faulthandler -m pytest -ra --durations=30
+	.venv/bin/python -X faulthandler -m pytest -n 2 --dist loadgroup -ra --durations=30
 
 # The edit-test loop: the unit and rpc tiers only (no Ray, no subprocess
 # clusters), under two minutes on 2 cores. `make test` before a commit.

@@ -37,3 +37,26 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_sep(
                 "=", f"{len(skipped)} gpu tests skipped: no GPU visible to TensorFlow "
                 "(scripts/gpu_checks.sh runs them on a GPU machine)", yellow=True)
+
+
+# `make test` runs on two pytest-xdist processes (`-n 2 --dist loadgroup`).
+# Tests that share something stay in one process: the ray tier's one Ray
+# cluster and its shared runs (tests/ray/conftest.py), and the cluster tier's
+# nodes on 127.0.0.2/3 (one set of sshds and Ray nodes at a time). The
+# longest go first, so neither process is left with a long tail at the end.
+SHARED_RAY_FIXTURES = {"ray_cluster", "shared_runs"}
+TIER_ORDER = {"ray": 0, "cluster": 1, "install": 2, "rpc": 3, "unit": 4}
+
+
+def _tier(item) -> str:
+    return next((t for t in TIERS if item.get_closest_marker(t)), "unit")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SHARED_RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("shared-ray"))
+        elif _tier(item) == "cluster":
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+    # sorted() is stable: within a tier, files and tests keep their order.
+    items[:] = sorted(items, key=lambda item: TIER_ORDER[_tier(item)])

@@ -1,6 +1,7 @@
 """The README's own-model example runs as written; examples/ run as shipped: the
-tf.data and Ray Data examples reach 0.85 on Fashion-MNIST in 1,000 steps with 2
-workers x 2 shards (slow); each worker reads only its own rows on both paths.
+tf.data and Ray Data examples train Fashion-MNIST with 2 workers x 2 shards
+(slow: 300 of their 1,000 steps, to 0.8; the CLI's test trains the full 1,000
+to 0.85); each worker reads only its own rows on both paths.
 (examples/regression.py trains through the CLI in test_own_model.py.)
 
 The shared Ray cluster (tests/ray/conftest.py): 2 workers and 2 shards,
@@ -95,13 +96,13 @@ def test_each_worker_of_a_tf_data_job_opens_only_its_own_files(ray_cluster):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tf_data", "ray_data"])
-def test_the_fashion_mnist_examples_reach_0_85_in_1000_steps_with_2_workers_and_2_shards(
+def test_the_fashion_mnist_examples_reach_0_8_in_300_steps_with_2_workers_and_2_shards(
         ray_cluster, tmp_path, capsys, kind):
-    """Each example as shipped (its main(): 2 workers, 2 shards, 1,000 steps)."""
+    """Each example's main() as shipped (2 workers, 2 shards), for 300 steps."""
     example = {"tf_data": fashion_mnist_tf_data, "ray_data": fashion_mnist_ray_data}[kind]
-    result = example.main(run_dir=str(tmp_path), progress=False)
+    result = example.main(steps=300, run_dir=str(tmp_path), progress=False)
     assert "test metrics" in capsys.readouterr().out
-    assert result.summary.steps == 1000
+    assert result.summary.steps == 300
     assert result.summary.dataset == kind
-    assert result.test_metrics["accuracy"] >= 0.85
+    assert result.test_metrics["accuracy"] >= 0.8
     assert np.isfinite(result.history["loss"]).all()
