@@ -10,8 +10,11 @@ shards gives the weights training with Keras would give.
     checkpoint = opt.state()                  # slots + iterations
     in_keras = opt.keras_state()              # the same, named as Keras' optimizer names it
 
-Contract of `apply`: it validates every gradient before it touches any
-variable, so a bad push leaves the shard's weights and slots as they were.
+Contract of `apply`: all or nothing. It validates every gradient, and
+runs the update once on block-sized copies, before it touches any
+variable: a bad push, or an update that would make any variable or slot
+NaN or infinite (NotFinite), leaves the shard's weights and slots as they
+were.
 Updates are element-wise, so they run over flat blocks of BLOCK_ELEMENTS
 (`flat_blocks`): the same arithmetic per element, with temporaries of one
 block (in cache) rather than of a whole variable.
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from towerps.choices import DEFAULT_LR, OPTIMIZERS
-from towerps.errors import BadTensor, ConfigError
+from towerps.errors import BadTensor, ConfigError, NotFinite
 
 _F32 = np.float32
 _ITERATIONS_KEY = "iterations"
@@ -96,7 +99,9 @@ class Optimizer:
 
         `lr_scale` multiplies the learning rate of this update only (staleness
         aware async SGD scales down late gradients). Raises BadTensor, before
-        changing anything, if a gradient names no variable or has another shape.
+        changing anything, if a gradient names no variable or has another
+        shape, and NotFinite if the update would make any variable or slot
+        NaN or infinite.
         """
         if isinstance(lr_scale, bool) or not isinstance(lr_scale, numbers.Real) \
                 or not math.isfinite(lr_scale) or lr_scale <= 0:
@@ -107,11 +112,32 @@ class Optimizer:
         # Slots too are checked (and created) before the first variable changes.
         slots = {name: {s: self._slot(s, name, g.shape) for s in self.slot_names}
                  for name, g in checked.items()}
+        self._refuse_nonfinite(params, checked, slots, lr)
         for name, grad in checked.items():
             names = list(slots[name])
             for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
                 self._update(w, g, dict(zip(names, slot_blocks)), lr)
         self.iterations += 1
+
+    def _refuse_nonfinite(self, params, grads, slots, lr) -> None:
+        """Raise NotFinite if this update would make any variable or slot NaN
+        or infinite. It runs the update on copies of each block (in cache:
+        no memory beyond a block per array), so the update `apply` makes
+        next is bit for bit the one checked here; about doubles its cost."""
+        scratch = [np.empty(BLOCK_ELEMENTS, _F32) for _ in range(1 + len(self.slot_names))]
+        for name, grad in grads.items():
+            names = list(slots[name])
+            for blocks in flat_blocks(params[name], grad, *slots[name].values()):
+                w, g, *slot_blocks = blocks
+                copies = [s[:w.size] for s in scratch]
+                for copy, block in zip(copies, (w, *slot_blocks)):
+                    np.copyto(copy, block)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    self._update(copies[0], g, dict(zip(names, copies[1:])), lr)
+                for what, copy in zip(("value", *(f"{s} slot" for s in names)), copies):
+                    if not np.isfinite(copy).all():
+                        raise NotFinite(f"{self.name} would make the {what} of {name!r} NaN "
+                                        "or infinite")
 
     def state(self) -> dict[str, np.ndarray]:
         """A copy of the slots (keys "<slot>/<variable>") and of `iterations`."""
