@@ -11,10 +11,13 @@ shards gives the weights training with Keras would give.
     in_keras = opt.keras_state()              # the same, named as Keras' optimizer names it
 
 Contract of `apply`: all or nothing. It validates every gradient, and
-runs the update once on block-sized copies, before it touches any
-variable: a bad push, or an update that would make any variable or slot
-NaN or infinite (NotFinite), leaves the shard's weights and slots as they
-were.
+proves the update finite, before it touches any variable: a bad push, or
+an update that would make any variable or slot NaN or infinite
+(NotFinite), leaves the shard's weights and slots as they were. The proof
+is cheap when it can be: the largest magnitudes of a variable, its
+gradient and its slots bound what the update can reach (`_bounded`), and
+only a variable whose bound comes near float32's largest value has its
+update tried first on block-sized copies (`_refuse_nonfinite`).
 Updates are element-wise, so they run over flat blocks of BLOCK_ELEMENTS
 (`flat_blocks`): the same arithmetic per element, with temporaries of one
 block (in cache) rather than of a whole variable.
@@ -32,10 +35,14 @@ import numpy as np
 
 from towerps.choices import DEFAULT_LR, OPTIMIZERS
 from towerps.errors import BadTensor, ConfigError, NotFinite
+from towerps.ps.checks import FLT_MAX, peak_magnitude
 
 _F32 = np.float32
 _ITERATIONS_KEY = "iterations"
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32
+# What `_bounded` lets an update reach without a trial: a quarter of float32's
+# largest value, room for the rounding of the float32 arithmetic it bounds.
+HEADROOM = FLT_MAX / 4
 
 
 def flat_blocks(*arrays: np.ndarray):
@@ -112,12 +119,28 @@ class Optimizer:
         # Slots too are checked (and created) before the first variable changes.
         slots = {name: {s: self._slot(s, name, g.shape) for s in self.slot_names}
                  for name, g in checked.items()}
-        self._refuse_nonfinite(params, checked, slots, lr)
+        unproven = {name: g for name, g in checked.items()
+                    if not self._proven_finite(float(lr), params[name], g, slots[name])}
+        self._refuse_nonfinite(params, unproven, slots, lr)
         for name, grad in checked.items():
             names = list(slots[name])
             for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
                 self._update(w, g, dict(zip(names, slot_blocks)), lr)
         self.iterations += 1
+
+    def _proven_finite(self, lr: float, w, g, slots: dict[str, np.ndarray]) -> bool:
+        """Whether the update of variable `w` by gradient `g` provably stays
+        within HEADROOM, from the largest magnitudes of the arrays alone."""
+        peaks = [peak_magnitude(a) for a in (w, g, *slots.values())]
+        if not all(math.isfinite(p) for p in peaks):
+            return False
+        return self._bounded(lr, peaks[0], peaks[1], dict(zip(slots, peaks[2:])))
+
+    def _bounded(self, lr: float, value: float, grad: float, slots: dict[str, float]) -> bool:
+        """Whether an update of a variable whose largest magnitude is `value`,
+        with a gradient and slots of these (finite) largest magnitudes, stays
+        within HEADROOM, intermediate results included. False: not proven."""
+        return False
 
     def _refuse_nonfinite(self, params, grads, slots, lr) -> None:
         """Raise NotFinite if this update would make any variable or slot NaN
@@ -195,6 +218,9 @@ class SGD(Optimizer):
 
     name = "sgd"
 
+    def _bounded(self, lr, value, grad, slots):
+        return value + lr * grad <= HEADROOM
+
     def _update(self, w, g, slots, lr):
         w -= g * lr
 
@@ -210,6 +236,10 @@ class Momentum(Optimizer):
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)
         self.momentum = momentum
+
+    def _bounded(self, lr, value, grad, slots):
+        m = abs(self.momentum) * slots["momentum"] + lr * grad
+        return m <= HEADROOM and value + m <= HEADROOM
 
     def _update(self, w, g, slots, lr):
         m = slots["momentum"]
@@ -238,6 +268,16 @@ class Adam(Optimizer):
                  epsilon: float = 1e-7):
         super().__init__(lr)
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def _bounded(self, lr, value, grad, slots):
+        t = self.iterations + 1
+        if not (0 <= self.beta_1 < 1 and 0 <= self.beta_2 <= 1 and self.epsilon > 0):
+            return False  # hyperparameters this bound does not cover: try the update
+        alpha = lr * math.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
+        m = max(slots["m"], grad)  # m and v move towards g and g*g
+        v = max(slots["v"], grad * grad)
+        step = m * alpha / self.epsilon  # sqrt(v) + epsilon >= epsilon
+        return max(m, v, m * alpha, value + step) <= HEADROOM
 
     def _update(self, w, g, slots, lr):
         m, v = slots["m"], slots["v"]

@@ -159,3 +159,19 @@ def test_the_worker_checks_at_its_wire_dtype():
     grad = np.array([1.0, -7e4], np.float32)
     assert contribution_fault(grad, 1, 2) is None
     assert "not finite" in contribution_fault(grad, 1, 2, np.float16)
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_an_optimizer_refuses_an_update_that_would_overflow_before_it_changes_anything(name):
+    opt = make_optimizer(name, 1e38)
+    params = {"a": np.ones(3, np.float32), "w": np.array([3e38, 1.0, -1.0], np.float32)}
+    opt.apply(params, {"a": np.ones(3, np.float32), "w": np.ones(3, np.float32)})
+    before = ({n: p.copy() for n, p in params.items()}, opt.state())
+    # "a" comes first and would be fine: it must not be updated either.
+    with pytest.raises(NotFinite, match="'w'"):
+        opt.apply(params, {"a": np.ones(3, np.float32), "w": -np.ones(3, np.float32) * 1e3})
+    after = (params, opt.state())
+    for was, now in zip(before, after):
+        assert was.keys() == now.keys()
+        for key in was:
+            np.testing.assert_array_equal(was[key], now[key])
