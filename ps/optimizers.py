@@ -146,12 +146,12 @@ class Optimizer:
         """Raise NotFinite if this update would make any variable or slot NaN
         or infinite. It runs the update on copies of each block (in cache:
         no memory beyond a block per array), so the update `apply` makes
-        next is bit for bit the one checked here; about doubles its cost."""
+        next is bit for bit the one checked here; it costs about one more
+        update of `grads`' variables, which `_bounded` spares almost always."""
         scratch = [np.empty(BLOCK_ELEMENTS, _F32) for _ in range(1 + len(self.slot_names))]
         for name, grad in grads.items():
             names = list(slots[name])
-            for blocks in flat_blocks(params[name], grad, *slots[name].values()):
-                w, g, *slot_blocks = blocks
+            for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
                 copies = [s[:w.size] for s in scratch]
                 for copy, block in zip(copies, (w, *slot_blocks)):
                     np.copyto(copy, block)
