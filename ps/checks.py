@@ -9,6 +9,15 @@ value and the fix, and changes nothing: the Shard calls them, with its lock
 held, before it touches any state, and counts the refusal (ps/shard.py).
 They are stage 7 of a call's checks, the last before exactly-once; the
 stages before, and their order, are in ps/pipeline.py.
+
+The contribution rule (`contribution_fault`) is what keeps a finite push
+from overflowing: a sync step sums n * g over up to W pushes (W, the
+number of workers) in float32, so each element of each push must satisfy
+|n * g| <= FLT_MAX / (2 W), which leaves the sum below half float32's
+largest value, and |g| <= MAX_MAGNITUDE, so that Adam's g * g stays finite.
+A worker checks its whole gradient by it before it pushes (at its wire
+dtype) and the shard checks each push by it as it is accepted: a gradient
+that passes one passes the other.
 """
 
 from __future__ import annotations
@@ -20,7 +29,46 @@ from dataclasses import dataclass
 import numpy as np
 
 from towerps.errors import BadRequest, BadTensor, NotFinite, StepMismatch
-from towerps.wire import TensorSpec, all_finite
+from towerps.wire import TensorSpec
+
+FLT_MAX = float(np.finfo(np.float32).max)
+MAX_MAGNITUDE = 2.0**60  # |g| above it: g * g (Adam's second moment) nears FLT_MAX
+
+
+def contribution_bound(num_examples: int, num_contributions: int) -> float:
+    """The largest |element| a push of `num_examples` may carry when a step
+    sums up to `num_contributions` pushes weighted by their examples."""
+    return min(MAX_MAGNITUDE, FLT_MAX / (2 * num_contributions * max(num_examples, 1)))
+
+
+def peak_magnitude(array) -> float:
+    """The largest |element| of `array` (0 if empty); NaN if any element is NaN.
+
+    Two reductions over the array, which make no temporary."""
+    array = np.asarray(array)
+    if array.size == 0:
+        return 0.0
+    return float(np.maximum(-array.min(), array.max()))  # NaN propagates
+
+
+def contribution_fault(grad, num_examples: int, num_contributions: int,
+                       wire_dtype=np.float32) -> str | None:
+    """What is wrong with `grad` as one push's contribution, None if nothing:
+    not finite, or |g| beyond `contribution_bound`. `wire_dtype`: checked
+    as it will arrive (a float32 value beyond float16's range is infinite
+    in float16; rounding keeps the largest element the largest)."""
+    peak = peak_magnitude(grad)
+    if math.isfinite(peak):
+        with np.errstate(over="ignore"):
+            peak = float(np.asarray(peak, np.float32).astype(wire_dtype))
+    if not math.isfinite(peak):
+        return "is not finite (NaN or infinity)"
+    bound = contribution_bound(num_examples, num_contributions)
+    if peak > bound:
+        return (f"holds values up to {peak:.3g}, beyond the {bound:.3g} a push of "
+                f"{num_examples} examples may carry: weighted by its examples and summed "
+                f"with up to {num_contributions} pushes it could overflow float32")
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,6 +101,14 @@ class PushRules:
         if not math.isfinite(loss):
             raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")
         self.tensors(grads)
+        for name, grad in grads.items():
+            fault = contribution_fault(grad, num_examples, self.num_workers)
+            if fault is not None:
+                raise NotFinite(
+                    f"shard {self.index}: the push of worker {worker_rank} for step {step}: "
+                    f"gradient {name!r} {fault}; the shard refuses it and its parameters are "
+                    "unchanged"
+                )
 
     def skip(self, version: int, worker_rank: int, step: int, nonfinite: str) -> None:
         """A report that the gradient of `step` was not finite (Shard.skip)."""
@@ -83,7 +139,8 @@ class PushRules:
             )
 
     def tensors(self, grads: Mapping[str, np.ndarray]) -> None:
-        """Exactly the shard's tensors, each of its dtype and shape, all finite."""
+        """Exactly the shard's tensors, each of its dtype and shape (`push`
+        then checks their values by the contribution rule)."""
         if set(grads) != set(self.specs):
             missing = sorted(set(self.specs) - set(grads))
             unknown = sorted(set(grads) - set(self.specs))
@@ -97,9 +154,4 @@ class PushRules:
                 raise BadTensor(
                     f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "
                     f"expected dtype {spec.dtype} shape {spec.shape}"
-                )
-            if not all_finite(grad):
-                raise NotFinite(
-                    f"gradient {name!r} is not finite (NaN or infinity); the shard refuses "
-                    "it and its parameters are unchanged"
                 )

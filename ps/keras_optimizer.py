@@ -40,7 +40,7 @@ import re
 
 import numpy as np
 
-from towerps.errors import BadTensor, ConfigError
+from towerps.errors import BadTensor, ConfigError, NotFinite
 from towerps.ps.optimizers import KerasState, Optimizer, OptimizerSpec
 
 # Keras optimizers whose update is element-wise: a row slice updates as the whole would.
@@ -119,6 +119,10 @@ class KerasOptimizer(Optimizer):
     `exclude_from_weight_decay` patterns match), runs `apply_gradients`, and
     copies the result back. Its variables are built at the first `apply`,
     which must name every variable the shard holds (pushes always do).
+    All or nothing, as the numpy optimizers: an update that would make a
+    variable or one of the optimizer's own variables NaN or infinite raises
+    NotFinite, its slots are put back from a copy taken before it, and the
+    numpy arrays are never written.
     """
 
     def __init__(self, keras_config: dict, exclude_from_weight_decay: str | None = None):
@@ -144,12 +148,20 @@ class KerasOptimizer(Optimizer):
         elif set(checked) != set(self._variables):
             raise BadTensor(f"gradients for {sorted(checked)}, but this optimizer updates "
                             f"{sorted(self._variables)}")
+        before = [np.array(v.numpy()) for v in self._optimizer.variables]  # slots, iterations
         for name in checked:
             self._variables[name].assign(params[name])
         self._optimizer.apply_gradients(
             [(checked[name], self._variables[name]) for name in checked])
+        after = {name: self._variables[name].numpy() for name in checked}
+        bad = [repr(n) for n, v in after.items() if not np.isfinite(v).all()] + [
+            v.path for v in self._optimizer.variables if not np.isfinite(v.numpy()).all()]
+        if bad:
+            for variable, value in zip(self._optimizer.variables, before):
+                variable.assign(value)
+            raise NotFinite(f"{self.name} would make {', '.join(bad[:5])} NaN or infinite")
         for name in checked:
-            params[name][...] = self._variables[name].numpy()
+            params[name][...] = after[name]
         self.iterations += 1
 
     def _build(self, params) -> None:

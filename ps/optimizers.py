@@ -10,8 +10,14 @@ shards gives the weights training with Keras would give.
     checkpoint = opt.state()                  # slots + iterations
     in_keras = opt.keras_state()              # the same, named as Keras' optimizer names it
 
-Contract of `apply`: it validates every gradient before it touches any
-variable, so a bad push leaves the shard's weights and slots as they were.
+Contract of `apply`: all or nothing. It validates every gradient, and
+proves the update finite, before it touches any variable: a bad push, or
+an update that would make any variable or slot NaN or infinite
+(NotFinite), leaves the shard's weights and slots as they were. The proof
+is cheap when it can be: the largest magnitudes of a variable, its
+gradient and its slots bound what the update can reach (`_bounded`), and
+only a variable whose bound comes near float32's largest value has its
+update tried first on block-sized copies (`_refuse_nonfinite`).
 Updates are element-wise, so they run over flat blocks of BLOCK_ELEMENTS
 (`flat_blocks`): the same arithmetic per element, with temporaries of one
 block (in cache) rather than of a whole variable.
@@ -28,11 +34,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from towerps.choices import DEFAULT_LR, OPTIMIZERS
-from towerps.errors import BadTensor, ConfigError
+from towerps.errors import BadTensor, ConfigError, NotFinite
+from towerps.ps.checks import FLT_MAX, peak_magnitude
 
 _F32 = np.float32
 _ITERATIONS_KEY = "iterations"
 BLOCK_ELEMENTS = 1 << 16  # 256 KiB of float32
+# What `_bounded` lets an update reach without a trial: a quarter of float32's
+# largest value, room for the rounding of the float32 arithmetic it bounds.
+HEADROOM = FLT_MAX / 4
 
 
 def flat_blocks(*arrays: np.ndarray):
@@ -96,7 +106,9 @@ class Optimizer:
 
         `lr_scale` multiplies the learning rate of this update only (staleness
         aware async SGD scales down late gradients). Raises BadTensor, before
-        changing anything, if a gradient names no variable or has another shape.
+        changing anything, if a gradient names no variable or has another
+        shape, and NotFinite if the update would make any variable or slot
+        NaN or infinite.
         """
         if isinstance(lr_scale, bool) or not isinstance(lr_scale, numbers.Real) \
                 or not math.isfinite(lr_scale) or lr_scale <= 0:
@@ -107,11 +119,48 @@ class Optimizer:
         # Slots too are checked (and created) before the first variable changes.
         slots = {name: {s: self._slot(s, name, g.shape) for s in self.slot_names}
                  for name, g in checked.items()}
+        unproven = {name: g for name, g in checked.items()
+                    if not self._proven_finite(float(lr), params[name], g, slots[name])}
+        self._refuse_nonfinite(params, unproven, slots, lr)
         for name, grad in checked.items():
             names = list(slots[name])
             for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
                 self._update(w, g, dict(zip(names, slot_blocks)), lr)
         self.iterations += 1
+
+    def _proven_finite(self, lr: float, w, g, slots: dict[str, np.ndarray]) -> bool:
+        """Whether the update of variable `w` by gradient `g` provably stays
+        within HEADROOM, from the largest magnitudes of the arrays alone."""
+        peaks = [peak_magnitude(a) for a in (w, g, *slots.values())]
+        if not all(math.isfinite(p) for p in peaks):
+            return False
+        return self._bounded(lr, peaks[0], peaks[1], dict(zip(slots, peaks[2:])))
+
+    def _bounded(self, lr: float, value: float, grad: float, slots: dict[str, float]) -> bool:
+        """Whether an update of a variable whose largest magnitude is `value`,
+        with a gradient and slots of these (finite) largest magnitudes, stays
+        within HEADROOM, intermediate results included. False: not proven."""
+        return False
+
+    def _refuse_nonfinite(self, params, grads, slots, lr) -> None:
+        """Raise NotFinite if this update would make any variable or slot NaN
+        or infinite. It runs the update on copies of each block (in cache:
+        no memory beyond a block per array), so the update `apply` makes
+        next is bit for bit the one checked here; it costs about one more
+        update of `grads`' variables, which `_bounded` spares almost always."""
+        scratch = [np.empty(BLOCK_ELEMENTS, _F32) for _ in range(1 + len(self.slot_names))]
+        for name, grad in grads.items():
+            names = list(slots[name])
+            for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
+                copies = [s[:w.size] for s in scratch]
+                for copy, block in zip(copies, (w, *slot_blocks)):
+                    np.copyto(copy, block)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    self._update(copies[0], g, dict(zip(names, copies[1:])), lr)
+                for what, copy in zip(("value", *(f"{s} slot" for s in names)), copies):
+                    if not np.isfinite(copy).all():
+                        raise NotFinite(f"{self.name} would make the {what} of {name!r} NaN "
+                                        "or infinite")
 
     def state(self) -> dict[str, np.ndarray]:
         """A copy of the slots (keys "<slot>/<variable>") and of `iterations`."""
@@ -169,6 +218,9 @@ class SGD(Optimizer):
 
     name = "sgd"
 
+    def _bounded(self, lr, value, grad, slots):
+        return value + lr * grad <= HEADROOM
+
     def _update(self, w, g, slots, lr):
         w -= g * lr
 
@@ -184,6 +236,10 @@ class Momentum(Optimizer):
     def __init__(self, lr: float, momentum: float = 0.9):
         super().__init__(lr)
         self.momentum = momentum
+
+    def _bounded(self, lr, value, grad, slots):
+        m = abs(self.momentum) * slots["momentum"] + lr * grad
+        return m <= HEADROOM and value + m <= HEADROOM
 
     def _update(self, w, g, slots, lr):
         m = slots["momentum"]
@@ -212,6 +268,16 @@ class Adam(Optimizer):
                  epsilon: float = 1e-7):
         super().__init__(lr)
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def _bounded(self, lr, value, grad, slots):
+        t = self.iterations + 1
+        if not (0 <= self.beta_1 < 1 and 0 <= self.beta_2 <= 1 and self.epsilon > 0):
+            return False  # hyperparameters this bound does not cover: try the update
+        alpha = lr * math.sqrt(1 - self.beta_2**t) / (1 - self.beta_1**t)
+        m = max(slots["m"], grad)  # m and v move towards g and g*g
+        v = max(slots["v"], grad * grad)
+        step = m * alpha / self.epsilon  # sqrt(v) + epsilon >= epsilon
+        return max(m, v, m * alpha, value + step) <= HEADROOM
 
     def _update(self, w, g, slots, lr):
         m, v = slots["m"], slots["v"]

@@ -10,7 +10,8 @@ code (ps/transport.py's STATUS_CODES), and a refused call changes nothing:
 every stage up to 6 runs before the shard is called, and the shard's own
 rules (7) run under its lock before it touches any state. Tensor bytes are
 read once, as the carrier copies them into arrays the shard owns (6); the
-finiteness of a push is read once more, under the shard's lock (7).
+values of a push are read once more, under the shard's lock (7): finite,
+and within the contribution rule (a value too large to sum safely).
 
  stage          code                         refuses
  1 authenticate ps/guard.py (gRPC's thread)  UNAUTHENTICATED: no valid bearer token.
@@ -43,7 +44,8 @@ finiteness of a push is read once more, under the shard's lock (7).
                                              file of one name, a description outside it
  7 shard rules  ps/checks.py (Shard.push,    INVALID_ARGUMENT: rank outside 0..N-1, step
                 under the shard's lock)      negative, examples outside 1..global batch, a
-                                             loss or value not finite, not exactly the
+                                             loss or value not finite or beyond the
+                                             contribution rule, not exactly the
                                              shard's tensors; FAILED_PRECONDITION: a step
                                              ahead of the shard's version, a rank or row
                                              count a lost node retired

@@ -27,12 +27,21 @@ replicas combine them. In async/ssp each applied push's values replace the
 state (the last writer wins); a push that is dropped changes nothing.
 
 Hostile input changes nothing: a push with a NaN or infinite value or
-loss, more examples than the global batch (`max_examples`), a rank outside
-0..N-1 or tensors unlike the variables raises BadTensor/BadRequest
-(ps/checks.py) and is counted as rejected; parameters never become NaN
-from a push. A worker whose own gradient is not finite and whose mode says
-`nonfinite="skip-step"` calls `skip` instead of `push` on every shard, so
-every shard skips alike.
+loss, a value too large to sum safely (the contribution rule), more
+examples than the global batch (`max_examples`), a rank outside 0..N-1 or
+tensors unlike the variables raises BadTensor/BadRequest (ps/checks.py)
+and is counted as rejected. A worker whose own gradient breaks those rules
+and whose mode says `nonfinite="skip-step"` calls `skip` instead of `push`
+on every shard, so every shard skips alike.
+
+Parameters never become NaN or infinite from a push: besides the push's
+checks, the optimizer runs all or nothing (ps/optimizers.py) and refuses an
+update that would make a variable or slot non-finite. The shard then skips
+the step (skip-step: a version with nothing changed, on this shard alone:
+other shards may apply their slices of it) or, under reject, refuses it
+and halts: the push that made it, and every later push, pull and gate
+wait, raise NotFinite naming the step, and nothing changes any more.
+
 Every wait (`pull`, `wait_turn`) also ends when its caller's call ends: the
 servicer passes an Event it sets when the RPC terminates, then calls `wake`.
 
@@ -141,6 +150,7 @@ class Shard:
         self._rules = PushRules(index, num_workers, self.specs, max_examples)
         self._skipping: set[int] = set()  # sync: ranks that reported the step as skipped
         self._closed = False
+        self._halted: str | None = None  # reject: why a step was refused (_refuse_update)
         self._stats = ShardStats()  # counters; the update log and push rate beside them
         self._log = StepLog(log_capacity)
         self._push_rate = RateMeter()
@@ -199,6 +209,7 @@ class Shard:
         ssp gate is `wait_turn`, called after).
         """
         with self._lock:
+            self._raise_if_halted()
             self._refuse_bad(self._rules.push, self._version, worker_rank, step, grads,
                              num_examples, loss)
             answered = self._admit(worker_rank, step)
@@ -208,7 +219,8 @@ class Shard:
                 return self._gather(worker_rank, step, grads, num_examples, loss)
             staleness = self._version - step
             self._count_applied()
-            self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness))
+            self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness),
+                        f"the push of worker {worker_rank} for step {step}")
             return PushResult(PushOutcome.APPLIED, self._version, staleness)
 
     def skip(self, worker_rank: int, step: int) -> PushResult:
@@ -221,6 +233,7 @@ class Shard:
         update and counts on the worker's clock. Idempotent like `push`.
         """
         with self._lock:
+            self._raise_if_halted()
             self._refuse_bad(self._rules.skip, self._version, worker_rank, step,
                              self.mode.nonfinite)
             answered = self._admit(worker_rank, step)
@@ -284,8 +297,9 @@ class Shard:
             self._advance_without_update(0)
             return PushResult(PushOutcome.APPLIED, self._version)
         mean, loss, examples, count = buffer.mean(), buffer.loss, buffer.num_examples, len(buffer)
+        source = f"step {self._version} (the pushes of workers {sorted(buffer.contributors)})"
         buffer.clear()  # before _apply: a checkpoint taken there holds no step in progress
-        self._apply(mean, loss, examples, 0, count, 1.0)
+        self._apply(mean, loss, examples, 0, count, 1.0, source)
         return PushResult(PushOutcome.APPLIED, self._version)
 
     def _gather(self, worker_rank, step, grads, num_examples, loss) -> PushResult:
@@ -302,16 +316,23 @@ class Shard:
         self._stats.pushes_applied += 1
         self._push_rate.add()
 
-    def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale) -> None:
+    def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale,
+               source: str) -> None:
         """One optimizer update and the new state; version + 1; wake pulls and gates.
 
-        `pushed` holds a gradient per variable and a value per state entry.
+        `pushed` holds a gradient per variable and a value per state entry;
+        `source` names the push or step it comes from. An update the
+        optimizer refuses (NotFinite) changes nothing: see `_refuse_update`.
         Caller holds the lock.
         """
         t0 = time.perf_counter()
-        self._optimizer.apply(
-            self._params, {n: pushed[n] for n in self._params}, lr_scale=lr_scale
-        )
+        try:
+            self._optimizer.apply(
+                self._params, {n: pushed[n] for n in self._params}, lr_scale=lr_scale
+            )
+        except NotFinite as err:
+            self._refuse_update(source, str(err), staleness)
+            return
         for name, value in self._state.items():
             value[...] = pushed[name]
         self._stats.apply_s += time.perf_counter() - t0
@@ -327,6 +348,27 @@ class Shard:
             state = self._export()
             self._checkpoint_sink(state, time.perf_counter() - t0)
         self._lock.notify_all()
+
+    def _refuse_update(self, source: str, why: str, staleness: int) -> None:
+        """The optimizer refused `source`'s update: skip-step makes a version
+        with nothing changed; reject halts the shard and raises NotFinite.
+        Caller holds the lock."""
+        if self.mode.nonfinite == "skip-step":
+            self._advance_without_update(staleness)
+            return
+        self._halted = (
+            f"shard {self.index}: {source} would make a parameter NaN or infinite ({why}); "
+            f"the shard refused it and halted at version {self._version} with its parameters "
+            "unchanged. The pushes passed their checks (ps/checks.py), so the update "
+            "itself overflowed: run with --nonfinite skip-step to skip such steps"
+        )
+        self._lock.notify_all()
+        self._raise_if_halted()
+
+    def _raise_if_halted(self) -> None:
+        """NotFinite once a step was refused under reject. Caller holds the lock."""
+        if self._halted is not None:
+            raise NotFinite(self._halted)
 
     def set_workers(self, rows: Mapping[int, int]) -> None:
         """Sync, after a node was lost: from now on a step is made by the pushes
@@ -379,11 +421,14 @@ class Shard:
                 return False
             self._stats.gate_waits += 1
             ready = self._lock.wait_for(
-                lambda: self._gate_open(worker_rank) or ended.is_set(), timeout=timeout_s
+                lambda: self._gate_open(worker_rank) or ended.is_set()
+                or self._halted is not None,
+                timeout=timeout_s,
             )
             ready = ready and not ended.is_set()
             if self._closed:
                 raise ShardUnavailable(f"shard {self.index} is shutting down")
+            self._raise_if_halted()
             if not ready:
                 slowest = min(range(self.num_workers), key=self._clocks.__getitem__)
                 raise PullTimeout(
@@ -440,7 +485,7 @@ class Shard:
         try:
             ready = self._lock.wait_for(
                 lambda: self._version >= min(target, self._end) or self._closed
-                or ended.is_set(),
+                or ended.is_set() or self._halted is not None,
                 timeout=timeout_s,
             )
         finally:
@@ -448,6 +493,7 @@ class Shard:
         ready = ready and not ended.is_set()
         if self._closed:
             raise ShardUnavailable(f"shard {self.index} is shutting down")
+        self._raise_if_halted()
         if not ready:
             waiting = (
                 f"; {len(self._buffer)} of {self._quorum} workers have pushed for it"

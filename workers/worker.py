@@ -11,9 +11,11 @@
         grads       <- towers, on this worker's slice of a global batch:
                        sync: global batch v (so N workers = one big batch);
                        async/ssp: global batch k, k = this worker's own step count
-        a NaN/inf in grads or loss: --nonfinite reject stops this worker with
-                       NotFinite (and so the run); skip-step tells every shard
-                       to skip step v (client.skip) instead of pushing
+        a NaN/inf in grads or loss, or a gradient too large to sum safely
+                       (ps/checks.py's contribution rule): --nonfinite reject
+                       stops this worker with NotFinite (and so the run);
+                       skip-step tells every shard to skip step v
+                       (client.skip) instead of pushing
         push (rank, step=v, grads) to every shard
                        sync, push_pull "combined": the answer is also the
                        parameters of v + 1 (PushPull), which the next
@@ -38,13 +40,13 @@ import numpy as np
 
 from towerps.errors import ConfigError, NotFinite, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.workers.batches import num_examples
+from towerps.ps.checks import contribution_fault
 from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
 from towerps.workers.client import PUSH_PULL, PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.redirect import Redirect, Redirects, share_rows
 from towerps.workers.tower import Tower
-from towerps.wire import all_finite
 
 
 @dataclass(frozen=True)
@@ -242,9 +244,15 @@ class Worker:
 
     def _push(self, version: int, grads, examples: int, loss: float, report) -> list:
         """Push `grads`, checked whole first: each shard sees only its slice,
-        so the worker decides for all of them what a NaN/inf does."""
-        bad = sorted(n for n, g in grads.items() if not all_finite(g))
-        if not bad and math.isfinite(loss):
+        so the worker decides for all of them what a NaN/inf (or a gradient
+        the shards would refuse as too large to sum) does."""
+        faults = {}  # name -> what is wrong with it
+        for name, grad in grads.items():
+            fault = contribution_fault(grad, examples, self.spec.num_workers,
+                                       self.client.wire_dtype)
+            if fault is not None:
+                faults[name] = fault
+        if not faults and math.isfinite(loss):
             # The last push of a run that does not wait for recoveries needs
             # no parameters back: nothing trains on the final version here.
             wants_next = self.spec.recovery_wait_s or version + 1 < self.spec.final_version
@@ -257,10 +265,11 @@ class Worker:
         report.nonfinite_steps += 1
         if self.spec.mode.nonfinite == "skip-step":
             return self.client.skip(self.spec.rank, version)
+        what = "; ".join(f"{n!r} {fault}" for n, fault in sorted(faults.items()))
         raise NotFinite(
-            f"worker {self.spec.rank}: the gradient of step {version} is not finite "
-            f"(NaN or infinity in {bad or ['the loss']}); nothing was pushed. Lower --lr, "
-            "or run with --nonfinite skip-step to skip such steps"
+            f"worker {self.spec.rank}: the gradient of step {version} cannot be pushed "
+            f"({what or 'the loss is not finite'}); nothing was pushed. Lower --lr, or run "
+            "with --nonfinite skip-step to skip such steps"
         )
 
 

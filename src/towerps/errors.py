@@ -27,7 +27,8 @@ class BadTensor(BadRequest):
 
 
 class NotFinite(BadTensor):
-    """A gradient holds NaN or infinity; the message names the tensor and the policy."""
+    """A gradient holds NaN or infinity, or values so large that summing or
+    applying it would overflow; the message names the tensor and the policy."""
 
 
 class StepMismatch(TowerpsError):

@@ -2,7 +2,8 @@
 
 Each shard sees only its slice of a gradient, so the worker checks the whole
 gradient before pushing: reject stops it with an error naming the flag;
-skip-step has every shard skip the step alike."""
+skip-step has every shard skip the step alike. A finite gradient too large to
+sum safely (ps/checks.py's contribution rule) counts as not finite."""
 
 import threading
 
@@ -18,11 +19,14 @@ pytestmark = pytest.mark.rpc
 TIMEOUT_S = 60.0
 
 
-class PoisonedTower:
-    """A real Tower whose compute number `at` returns NaN in every gradient (test only)."""
+POISONS = [np.nan, 1e30]  # 1e30: finite, but overflows once weighted and summed
 
-    def __init__(self, tower: Tower, at: int | None):
-        self.tower, self.at, self.calls = tower, at, 0
+
+class PoisonedTower:
+    """A real Tower whose compute number `at` returns `poison` in every gradient (test only)."""
+
+    def __init__(self, tower: Tower, at: int | None, poison: float = np.nan):
+        self.tower, self.at, self.poison, self.calls = tower, at, poison, 0
 
     def set_weights(self, params, adopt=False):
         self.tower.set_weights(params, adopt)
@@ -31,18 +35,18 @@ class PoisonedTower:
         grads, loss = self.tower.compute_gradients(x, y)
         k, self.calls = self.calls, self.calls + 1
         if k == self.at:
-            grads = {n: np.full_like(g, np.nan) for n, g in grads.items()}
+            grads = {n: np.full_like(g, self.poison) for n, g in grads.items()}
         return grads, loss
 
 
 @pytest.fixture
 def run_two_workers():
-    """run(mode, steps, poisoned_rank, at) -> (shard, reports or errors by rank)
+    """run(mode, steps, poisoned_rank, at, poison) -> (shard, reports or errors by rank)
     on two real shards (so the gradient is split) behind gRPC."""
     stops = []
     dataset = load_dataset("synthetic", seed=0)
 
-    def run(mode, steps, poisoned_rank, at):
+    def run(mode, steps, poisoned_rank, at, poison=np.nan):
         initial = Tower(build_model("mlp", dataset.input_shape, dataset.num_classes, 0)).get_weights()
         plan = plan_placement({n: w.shape for n, w in initial.items()}, 2)
         shards = []
@@ -60,7 +64,7 @@ def run_two_workers():
                               mode=mode, end_version=steps)
             tower = PoisonedTower(
                 Tower(build_model("mlp", dataset.input_shape, dataset.num_classes, 0)),
-                at if rank == poisoned_rank else None)
+                at if rank == poisoned_rank else None, poison)
             with PSClient(addresses, plan, max_attempts=1) as client:
                 try:
                     results[rank] = Worker(spec, dataset, tower, client).run()
@@ -83,20 +87,24 @@ def run_two_workers():
         server.stop(grace=None).wait()
 
 
-def test_reject_stops_the_worker_with_the_flag_named_and_nothing_applied(run_two_workers):
-    shards, results = run_two_workers(Mode("sync"), 4, poisoned_rank=1, at=1)
+@pytest.mark.parametrize("poison", POISONS)
+def test_reject_stops_the_worker_with_the_flag_named_and_nothing_applied(run_two_workers, poison):
+    shards, results = run_two_workers(Mode("sync"), 4, poisoned_rank=1, at=1, poison=poison)
     assert isinstance(results[1], NotFinite)
     assert results[0].steps <= 2  # it ended with the run, not left waiting
     assert "--nonfinite skip-step" in str(results[1])
+    if np.isfinite(poison):  # the error says what is wrong with a finite gradient
+        assert "beyond" in str(results[1])
     for shard in shards:
         assert shard.version == 1  # step 0 applied; step 1 never completed
         _, params = shard.pull(0, 1.0)
         assert all(np.isfinite(p).all() for p in params.values())
 
 
-def test_skip_step_skips_the_step_on_every_shard_and_training_goes_on(run_two_workers):
+@pytest.mark.parametrize("poison", POISONS)
+def test_skip_step_skips_the_step_on_every_shard_and_training_goes_on(run_two_workers, poison):
     shards, results = run_two_workers(Mode("sync", nonfinite="skip-step"), 4,
-                                      poisoned_rank=1, at=1)
+                                      poisoned_rank=1, at=1, poison=poison)
     assert results[1].nonfinite_steps == 1 and results[0].steps == results[1].steps == 4
     for shard in shards:
         _, stats = shard.stats()
