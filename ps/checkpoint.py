@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from towerps.errors import CheckpointError, ConfigError
+from towerps.private import (
+    UnsafePath, check_private_dir, make_private_dir, read_private_file, write_private_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,10 @@ class CheckpointStore:
                 "gs://bucket/prefix"
             ) from None
         self._fs_module = pafs
+        # On a local (or mounted) disk, folders are 0700 and files 0600, and a
+        # part or folder another user could have changed is refused
+        # (towerps.private); an object store's access is its bucket's policy.
+        self._local = isinstance(self._fs, pafs.LocalFileSystem)
         self.uri = uri  # may carry credentials: show redacted(uri)
         self.keep = keep
 
@@ -180,8 +187,7 @@ class CheckpointStore:
     def read_part(self, version: int, index: int) -> ShardState:
         path = self.part_path(version, index)
         try:
-            with self._fs.open_input_file(path) as f:
-                data = f.read()
+            data = self._read(path)
         except FileNotFoundError:
             raise CheckpointError(
                 f"checkpoint {redacted(self.uri)} has no part of shard {index} at version "
@@ -192,6 +198,17 @@ class CheckpointStore:
             raise CheckpointError(f"{path} holds shard {state.index} at version "
                                   f"{state.version}, not shard {index} at {version}")
         return state
+
+    def _read(self, path: str) -> bytes:
+        """The bytes of `path`; FileNotFoundError if it is not there."""
+        if not self._local:
+            with self._fs.open_input_file(path) as f:
+                return f.read()
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        for folder in (self._root, path.rsplit("/", 1)[0]):
+            check_private_dir(folder)
+        return read_private_file(path)
 
     def put_file(self, version: int, name: str, local_path: str) -> None:
         """Copy a local file (the driver's model.keras) into a checkpoint's folder."""
@@ -259,6 +276,10 @@ class CheckpointStore:
 
     def _write(self, path: str, pieces) -> int:
         """Write to a temporary name beside `path`, then rename it into place."""
+        if self._local:
+            make_private_dir(self._root)
+            make_private_dir(path.rsplit("/", 1)[0])
+            return write_private_file(path, pieces)
         self._fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         written = 0
@@ -332,7 +353,7 @@ class PartWriter:
                 complete = self._store.commit(state.version, self._num_shards)
                 record = PartRecord(state.version, pause_s, time.perf_counter() - t0,
                                     nbytes, complete)
-            except (OSError, CheckpointError) as err:
+            except (OSError, CheckpointError, UnsafePath) as err:
                 log.warning("shard %d: checkpoint of version %d not written: %s",
                             state.index, state.version, err)
                 record = PartRecord(state.version, pause_s, time.perf_counter() - t0, 0,

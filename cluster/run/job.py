@@ -48,6 +48,7 @@ from towerps.ps.checkpoint import ShardState
 from towerps.ps.optimizers import KerasState, OptimizerSpec
 from towerps.ps.placement import PlacementPlan
 from towerps.ps.saved_state import join_optimizer_states, optimizer_state
+from towerps.private import make_private_dir
 from towerps.shm import new_run_prefix, sweep
 from towerps.workers import PSClient
 from towerps.workers.seams import installed
@@ -129,7 +130,7 @@ class Job:
         """
         job = cls(config, plan, run_dir, reserve(config))
         try:
-            os.makedirs(run_dir, exist_ok=True)
+            make_private_dir(run_dir)  # 0700; refuses another user's (towerps.private)
             job.resume_version = resume_version
             if resume_version is not None:
                 sweep_earlier_runs(run_dir)

@@ -29,6 +29,7 @@ from towerps.auth import (
 )
 from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
+from towerps.private import make_private_dir, write_private_file
 from towerps.tls import (
     SERVER_NAME, TlsMaterial, load_client_tls, load_tls_dir, make_job_tls, write_tls_dir,
 )
@@ -46,8 +47,10 @@ class JobSecurity:
 
     @classmethod
     def create(cls, config: TrainConfig, run_dir: str, num_nodes: int) -> JobSecurity:
-        """Read or make the secret and the TLS material; writes the run dir's files."""
-        os.makedirs(run_dir, exist_ok=True)
+        """Read or make the secret and the TLS material; writes the run dir's files.
+        UnsafePath, before anything is written, when `run_dir` is another
+        user's or others may write it (towerps.private)."""
+        make_private_dir(run_dir)
         if config.token_file is not None:
             secret, token_file = read_token_file(config.token_file), config.token_file
         else:
@@ -101,9 +104,7 @@ def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecuri
         "tls": tls,
     }
     path = os.path.join(run_dir, CLUSTER_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)  # readers never see half a file
+    write_private_file(path, json.dumps(record, indent=2))  # atomic: never half a file
     return path
 
 

@@ -8,6 +8,8 @@ test_takeover compare their runs with it too.
 """
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import keras
@@ -119,3 +121,8 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(clean, 
     assert metrics[-1]["examples"] == resumed.examples == 16 * 96
     # The rate counts the resumed run's own 12 steps over its own training time.
     assert resumed.examples_per_s == pytest.approx(12 * 96 / resumed.wall_s)
+    # Its folders, checkpoints included, are 0700 and its files 0600.
+    for folder, dirs, files in os.walk(tmp_path / "resumed"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
+        for name in files:
+            assert stat.S_IMODE(os.lstat(os.path.join(folder, name)).st_mode) == 0o600, name
