@@ -239,9 +239,12 @@ def _check_cpus_left_for_ray_data(config: TrainConfig) -> None:
             f"{held + RAY_DATA_CPUS})) or let towerps start it (no ray.init before fit)")
 
 
-def resume_config(run_dir: str, address: str | None = None, steps: int | None = None) -> TrainConfig:
+def resume_config(run_dir: str, address: str | None = None, steps: int | None = None,
+                  token_file: str | None = None) -> TrainConfig:
     """The configuration a run saved, to go on from its latest checkpoint:
-    optionally on another cluster (`address`) or to another end (`steps`).
+    optionally on another cluster (`address`) or to another end (`steps`),
+    or with the secret its checkpoints were signed with (`token_file`: a run
+    copied from another machine without its token file).
     UnsafePath when the run directory, config.json, job.yaml or
     placement.json is another user's or others could have changed it: they
     name the code a resume imports and the addresses it dials."""
@@ -255,6 +258,8 @@ def resume_config(run_dir: str, address: str | None = None, steps: int | None = 
         changes["address"] = address
     if steps is not None:
         changes["steps"] = steps
+    if token_file is not None:
+        changes["token_file"] = token_file
     return dataclasses.replace(config, **changes)
 
 
@@ -385,7 +390,7 @@ def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
     checkpoints). Reads every shard's part."""
     if job.checkpoints is None:
         return None
-    store = job.checkpoints.driver_store()
+    store = job.checkpoints.driver_store(job.security.checkpoint_key)
     version = store.latest()
     if version is None:
         return None

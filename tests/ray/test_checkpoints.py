@@ -19,7 +19,8 @@ import pytest
 from towerps.cluster import TrainConfig, train
 from towerps.cluster.api.summary import RunSummary
 from towerps.cluster.run.driver import resume_config
-from towerps.ps.checkpoint import CheckpointStore
+from towerps.auth import read_token_file
+from towerps.ps.checkpoint import CheckpointStore, checkpoint_key
 from towerps.ps.keras_optimizer import keras_variables
 from towerps.ps.placement import plan_placement
 from towerps.workers.variables import ModelVariables
@@ -69,7 +70,8 @@ def shards_optimizer(run_dir, version, model_path) -> dict[str, np.ndarray]:
     """The shards' Adam state in the checkpoint's parts, joined independently of the driver."""
     model = keras.models.load_model(model_path)
     plan = plan_placement({k: v.shape for k, v in ModelVariables(model).all.items()}, 2)
-    store = CheckpointStore(str(run_dir / "checkpoints"))
+    key = checkpoint_key(read_token_file(str(run_dir / "token")))  # the run's secret
+    store = CheckpointStore(str(run_dir / "checkpoints"), key=key)
     parts = [store.read_part(version, k) for k in range(2)]
     joined = {}
     for slot, attr in (("m", "_momentums"), ("v", "_velocities")):

@@ -17,12 +17,13 @@ from towerps.cluster.run.driver import resume_config
 from towerps.cluster.run.placements import Placements
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
 from towerps.private import UnsafePath, save_private
-from towerps.ps.checkpoint import CheckpointStore, ShardState
+from towerps.ps.checkpoint import CheckpointStore, ShardState, checkpoint_key
 from towerps.tls import make_job_tls, write_tls_dir
 
 pytestmark = pytest.mark.unit
 
 NOBODY = 65534
+KEY = checkpoint_key("cd" * 32)
 
 
 def mode(path) -> int:
@@ -48,7 +49,7 @@ def test_a_world_writable_run_dir_made_in_advance_is_refused_before_anything_is_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.chmod(run_dir, 0o777)
-    with pytest.raises(UnsafePath, match=r"run.* can be written by others \(mode 777\).*chmod go-w"):
+    with pytest.raises(UnsafePath, match=r"can be written by others \(mode 777\).*chmod go-w"):
         JobSecurity.create(TrainConfig(), str(run_dir), num_nodes=2)
     assert os.listdir(run_dir) == [] and mode(run_dir) == 0o777
 
@@ -130,7 +131,8 @@ def test_save_private_never_writes_through_a_symlink(tmp_path):
     os.symlink(victim, tmp_path / "model.keras")
     save_private(tmp_path / "model.keras", lambda name: open(name, "w").write("model"))
     assert victim.read_text() == "keep me"
-    assert (tmp_path / "model.keras").read_text() == "model" and mode(tmp_path / "model.keras") == 0o600
+    saved = tmp_path / "model.keras"
+    assert saved.read_text() == "model" and mode(saved) == 0o600
     assert sorted(os.listdir(tmp_path)) == ["model.keras", "victim"]  # no folder left behind
 
 
@@ -140,7 +142,7 @@ def small_state(version=4) -> ShardState:
 
 
 def test_local_checkpoints_are_private(tmp_path):
-    store = CheckpointStore(str(tmp_path / "run" / "checkpoints"))
+    store = CheckpointStore(str(tmp_path / "run" / "checkpoints"), key=KEY)
     store.write_part(small_state())
     assert store.commit(4, num_shards=1)
     assert_private_tree(tmp_path / "run" / "checkpoints")
@@ -149,8 +151,9 @@ def test_local_checkpoints_are_private(tmp_path):
 
 @pytest.mark.parametrize("change", ["chmod part", "chmod folder", "chown part", "symlink part"])
 def test_a_checkpoint_part_others_could_have_changed_is_refused(tmp_path, change):
-    store = CheckpointStore(str(tmp_path / "checkpoints"))
+    store = CheckpointStore(str(tmp_path / "checkpoints"), key=KEY)
     store.write_part(small_state())
+    assert store.commit(4, num_shards=1)
     part = store.part_path(4, 0)
     if change == "chmod part":
         os.chmod(part, 0o666)
