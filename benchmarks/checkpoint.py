@@ -33,7 +33,8 @@ import numpy as np
 from benchmarks import _common as common
 from benchmarks.scaling import model_shapes
 from tests.shapes import CIFAR10_CNN
-from towerps.ps.checkpoint import CheckpointStore, PartWriter
+from towerps.auth import new_job_secret
+from towerps.ps.checkpoint import CheckpointStore, PartWriter, checkpoint_key
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import Shard
 
@@ -51,7 +52,7 @@ def new_shard(shapes: dict) -> Shard:
 
 def run_model(shapes: dict, every: int, steps: int, folder: str) -> dict:
     grads = {n: np.full(s, 1e-3, np.float32) for n, s in shapes.items()}
-    store = CheckpointStore(folder, keep=2)
+    store = CheckpointStore(folder, keep=2, key=checkpoint_key(new_job_secret()))
     writer = PartWriter(store, num_shards=1)
     shards = {"none": new_shard(shapes), "checkpoints": new_shard(shapes)}
     shards["checkpoints"].take_checkpoints(every, writer)

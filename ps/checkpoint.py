@@ -1,11 +1,13 @@
 """Shard checkpoints: a shard's whole state as one part; parts make a checkpoint.
 
     state = shard.export_state()                # copied under the shard's lock
-    store = CheckpointStore("runs/fm/checkpoints", keep=3)   # or file://, s3://, gs://
+    key = checkpoint_key(secret)                # the job's: signs and proves every part
+    store = CheckpointStore("runs/fm/checkpoints", keep=3, key=key)  # or file://, s3://, gs://
     store.write_part(state)                     # temporary name, then renamed
     store.commit(state.version, num_shards=2)   # the manifest, once every part is in
     version = store.latest()                    # newest complete checkpoint, or None
-    shard = Shard.from_state(store.read_part(version, 0), make_optimizer("adam"))
+    part = store.read_part(version, 0)          # CheckpointError unless proven and sound
+    shard = Shard.from_state(part, make_optimizer("adam"), layout=ShardLayout.of(...))
 
 A part holds everything a shard needs to go on as if it had never stopped:
 its variables, its non-trainable state, the optimizer's slots and iteration
@@ -20,16 +22,20 @@ Layout under the store's root, one folder per version:
     v0000000200/shard-0000.part   v0000000200/shard-0001.part
     v0000000200/MANIFEST.json     v0000000200/model.keras (the driver's)
 
-A part is a short binary header line, the length of a JSON header (8 bytes,
-little-endian), the JSON header (the scalars, and each array's group, name,
-dtype, shape and offset), then the arrays' raw little-endian bytes: written
-as a stream (no copy of the arrays), read back without parsing each tensor.
-Storage goes through pyarrow.fs, so any URI it understands works; a plain
-path is a local folder.
+A part's format, its MAC and the checks it passes are in ps/parts.py: it is
+written as a stream (no copy of the arrays) and read back without parsing
+each tensor. MANIFEST.json names each part's MAC and carries its own
+(HMAC-SHA256 under the job's checkpoint key), so `read_part` refuses a part
+that is not the one committed, a manifest another job or no job signed,
+and a checkpoint written before checkpoints carried MACs. Storage goes
+through pyarrow.fs, so any URI it understands works; a plain path is a
+local folder (0700 folders, 0600 files: towerps.private).
 """
 
 from __future__ import annotations
 
+import copy
+import hmac
 import json
 import logging
 import os
@@ -37,84 +43,20 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from towerps.errors import CheckpointError, ConfigError
+from towerps.ps.parts import (  # noqa: F401  (the part format, re-exported)
+    MAC_BYTES, OLDER_TOWERPS, ShardLayout, ShardState, check_values, checkpoint_key,
+    decode_part, encode_part, mac, part_mac,
+)
+from towerps.private import (
+    UnsafePath, check_private_dir, make_private_dir, read_private_file, write_private_file,
+)
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TOWERPS-SHARD-PART 1\n"
 MANIFEST = "MANIFEST.json"
-_GROUPS = ("params", "non_trainable", "optimizer")
-
-
-@dataclass
-class ShardState:
-    """One shard's whole state at `version` (a copy: nothing shares the shard's arrays).
-
-    `non_trainable` holds values that are replaced rather than trained
-    (BatchNormalization's moving statistics); `optimizer` is the dict of
-    `Optimizer.state()` (slots and iterations). `last_step[w]` is worker w's
-    latest applied step (-1: none), `clocks[w]` its gradients counted by ssp.
-    """
-
-    index: int
-    version: int
-    num_workers: int
-    params: dict[str, np.ndarray]
-    optimizer: dict[str, np.ndarray]
-    last_step: list[int]
-    clocks: list[int]
-    non_trainable: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for g in _GROUPS for a in getattr(self, g).values())
-
-
-def encode_part(state: ShardState) -> Iterator[bytes | memoryview]:
-    """The bytes of a part, as pieces to write one after the other."""
-    # astype, not ascontiguousarray, which turns a 0-d array (iterations) into 1-d.
-    entries = [(group, name, array.astype(array.dtype.newbyteorder("<"), order="C", copy=False))
-               for group in _GROUPS for name, array in getattr(state, group).items()]
-    header = {
-        "index": state.index, "version": state.version, "num_workers": state.num_workers,
-        "last_step": list(state.last_step), "clocks": list(state.clocks), "arrays": [],
-    }
-    offset = 0
-    for group, name, array in entries:
-        header["arrays"].append({"group": group, "name": name, "dtype": array.dtype.str,
-                                 "shape": list(array.shape), "offset": offset})
-        offset += array.nbytes
-    text = json.dumps(header).encode()
-    yield MAGIC + len(text).to_bytes(8, "little") + text
-    for _, _, array in entries:
-        if array.nbytes:
-            yield memoryview(array.reshape(-1)).cast("B")
-
-
-def decode_part(data) -> ShardState:
-    """A ShardState from a part's bytes; its arrays are read-only views of `data`."""
-    data = memoryview(data).cast("B")
-    if bytes(data[:len(MAGIC)]) != MAGIC:
-        raise CheckpointError("not a towerps shard part (its first line is not "
-                              f"{MAGIC.strip().decode()!r}); was it written by this version?")
-    start = len(MAGIC) + 8
-    length = int.from_bytes(data[len(MAGIC):start], "little")
-    header = json.loads(bytes(data[start:start + length]))
-    body = start + length
-    groups: dict[str, dict[str, np.ndarray]] = {g: {} for g in _GROUPS}
-    for entry in header["arrays"]:
-        dtype = np.dtype(entry["dtype"])
-        count = int(np.prod(entry["shape"], dtype=np.int64))
-        array = np.frombuffer(data, dtype, count, body + entry["offset"])
-        groups[entry["group"]][entry["name"]] = array.reshape(entry["shape"])
-    return ShardState(header["index"], header["version"], header["num_workers"],
-                      groups["params"], groups["optimizer"], header["last_step"],
-                      header["clocks"], groups["non_trainable"])
 
 
 def redacted(uri: str) -> str:
@@ -148,7 +90,9 @@ class CheckpointStore:
     so two shards that both see the last part arrive write the same one).
     """
 
-    def __init__(self, uri: str, keep: int = 3):
+    def __init__(self, uri: str, keep: int = 3, key: bytes | None = None):
+        """`key` (checkpoint_key of the job's secret) signs what is written and
+        proves what is read; without it the store only lists and prunes."""
         from pyarrow import fs as pafs  # a shard without checkpoints never imports pyarrow
 
         if keep < 1:
@@ -164,8 +108,32 @@ class CheckpointStore:
                 "gs://bucket/prefix"
             ) from None
         self._fs_module = pafs
+        # On a local (or mounted) disk, folders are 0700 and files 0600, and a
+        # part or folder another user could have changed is refused
+        # (towerps.private); an object store's access is its bucket's policy.
+        self._local = isinstance(self._fs, pafs.LocalFileSystem)
         self.uri = uri  # may carry credentials: show redacted(uri)
         self.keep = keep
+        self._key = key
+
+    def __repr__(self) -> str:  # never the key
+        return f"CheckpointStore({redacted(self.uri)!r}, keep={self.keep})"
+
+    def keyed(self, key: bytes) -> CheckpointStore:
+        """This store with the job's checkpoint key (a shard adds it from its
+        credentials: the key never travels inside the store)."""
+        store = copy.copy(self)
+        store._key = key
+        return store
+
+    def __getstate__(self) -> dict:  # a store sent to an actor travels without its key
+        return {**self.__dict__, "_key": None}
+
+    def _signing_key(self) -> bytes:
+        if self._key is None:
+            raise CheckpointError(f"checkpoint store {redacted(self.uri)} was opened without "
+                                  "the job's checkpoint key; it can list, not read or write")
+        return self._key
 
     def folder(self, version: int) -> str:
         return f"{self._root}/v{version:010d}"
@@ -175,23 +143,76 @@ class CheckpointStore:
 
     def write_part(self, state: ShardState) -> int:
         """Write `state` as its shard's part of its version; returns the bytes written."""
-        return self._write(self.part_path(state.version, state.index), encode_part(state))
+        return self._write(self.part_path(state.version, state.index),
+                           encode_part(state, self._signing_key()))
 
     def read_part(self, version: int, index: int) -> ShardState:
+        """Shard `index`'s part of complete checkpoint `version`, once its MAC,
+        the manifest's record of it and every field are proven (ps/parts.py).
+        CheckpointError naming the part and what is wrong otherwise."""
+        key = self._signing_key()
         path = self.part_path(version, index)
+        where = redacted(path)
         try:
-            with self._fs.open_input_file(path) as f:
-                data = f.read()
+            data = self._read(path)
         except FileNotFoundError:
             raise CheckpointError(
                 f"checkpoint {redacted(self.uri)} has no part of shard {index} at version "
                 f"{version}"
             ) from None
-        state = decode_part(data)
+        state = decode_part(data, key, where)
+        manifest = self.manifest(version)
+        name = path.rsplit("/", 1)[1]
+        if not hmac.compare_digest(manifest["macs"].get(name, ""), part_mac(data).hex()):
+            raise CheckpointError(f"{where} is not the part its checkpoint's {MANIFEST} "
+                                  "names (a part of another commit was put in its place)")
         if (state.version, state.index) != (version, index):
-            raise CheckpointError(f"{path} holds shard {state.index} at version "
+            raise CheckpointError(f"{where} holds shard {state.index} at version "
                                   f"{state.version}, not shard {index} at {version}")
         return state
+
+    def manifest(self, version: int) -> dict:
+        """Checkpoint `version`'s MANIFEST.json, once its MAC under this job's
+        key holds; CheckpointError otherwise (an older towerps's manifest, one
+        another job signed, one changed since)."""
+        key = self._signing_key()
+        where = redacted(f"{self.folder(version)}/{MANIFEST}")
+        try:
+            manifest = json.loads(self._read(f"{self.folder(version)}/{MANIFEST}"))
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {version} in {redacted(self.uri)} is not "
+                                  f"complete: it has no {MANIFEST}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{where} is not JSON ({err})") from None
+        if not isinstance(manifest, dict) or "mac" not in manifest:
+            raise CheckpointError(f"checkpoint {where} {OLDER_TOWERPS}")
+        signed = {k: v for k, v in manifest.items() if k != "mac"}
+        if not hmac.compare_digest(str(manifest["mac"]), _manifest_mac(key, signed)):
+            raise CheckpointError(
+                f"{where}: its MAC does not match: it was changed after it was written, or "
+                "another job (another secret) wrote it; a checkpoint copied from elsewhere "
+                "resumes with the secret it was written with (--token-file)")
+        if signed.get("version") != version or not isinstance(signed.get("macs"), dict):
+            raise CheckpointError(f"{where} is the manifest of version "
+                                  f"{signed.get('version')!r}, not of {version}")
+        return signed
+
+    def _tail(self, path: str) -> bytes:
+        """A part's last MAC_BYTES (its MAC), read without the rest of it."""
+        with self._fs.open_input_file(path) as f:
+            f.seek(max(f.size() - MAC_BYTES, 0))
+            return f.read(MAC_BYTES)
+
+    def _read(self, path: str) -> bytes:
+        """The bytes of `path`; FileNotFoundError if it is not there."""
+        if not self._local:
+            with self._fs.open_input_file(path) as f:
+                return f.read()
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        for folder in (self._root, path.rsplit("/", 1)[0]):
+            check_private_dir(folder)
+        return read_private_file(path)
 
     def put_file(self, version: int, name: str, local_path: str) -> None:
         """Copy a local file (the driver's model.keras) into a checkpoint's folder."""
@@ -207,8 +228,11 @@ class CheckpointStore:
         parts = [f"shard-{k:04d}.part" for k in range(num_shards)]
         if not all(p in names for p in parts):
             return False
+        key = self._signing_key()
         manifest = {"version": version, "num_shards": num_shards, "parts": parts,
+                    "macs": {p: self._tail(f"{self.folder(version)}/{p}").hex() for p in parts},
                     "committed_at_s": time.time()}
+        manifest["mac"] = _manifest_mac(key, manifest)
         self._write(f"{self.folder(version)}/{MANIFEST}", iter([json.dumps(manifest).encode()]))
         self.prune()
         return True
@@ -259,6 +283,10 @@ class CheckpointStore:
 
     def _write(self, path: str, pieces) -> int:
         """Write to a temporary name beside `path`, then rename it into place."""
+        if self._local:
+            make_private_dir(self._root)
+            make_private_dir(path.rsplit("/", 1)[0])
+            return write_private_file(path, pieces)
         self._fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         written = 0
@@ -268,6 +296,10 @@ class CheckpointStore:
                 written += len(piece) if isinstance(piece, bytes) else piece.nbytes
         self._fs.move(temporary, path)
         return written
+
+
+def _manifest_mac(key: bytes, manifest: dict) -> str:
+    return mac(key, b"manifest", [json.dumps(manifest, sort_keys=True).encode()]).hex()
 
 
 @dataclass(frozen=True)
@@ -332,7 +364,7 @@ class PartWriter:
                 complete = self._store.commit(state.version, self._num_shards)
                 record = PartRecord(state.version, pause_s, time.perf_counter() - t0,
                                     nbytes, complete)
-            except (OSError, CheckpointError) as err:
+            except (OSError, CheckpointError, UnsafePath) as err:
                 log.warning("shard %d: checkpoint of version %d not written: %s",
                             state.index, state.version, err)
                 record = PartRecord(state.version, pause_s, time.perf_counter() - t0, 0,

@@ -77,7 +77,7 @@ from towerps.errors import (
 )
 from towerps.ps.aggregation import StepBuffer
 from towerps.ps.checks import PushRules
-from towerps.ps.checkpoint import ShardState
+from towerps.ps.parts import ShardLayout, ShardState, check_values
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
@@ -169,12 +169,23 @@ class Shard:
 
     @classmethod
     def from_state(cls, state: ShardState, optimizer: Optimizer, mode: Mode | None = None,
-                   end_version: int | None = None, max_examples: int | None = None) -> Shard:
-        """A new shard that goes on from `state` (a checkpoint's part)."""
-        shard = cls(state.index, state.params, optimizer, state.num_workers, mode, end_version,
-                    state=state.non_trainable, max_examples=max_examples)
+                   end_version: int | None = None, max_examples: int | None = None, *,
+                   layout: ShardLayout) -> Shard:
+        """A new shard of `layout` (what the placement puts on it: never read
+        from the part) that goes on from `state` (a checkpoint's part).
+        CheckpointError naming the part and what differs, when it is not
+        this shard's, holds other names, shapes or dtypes, or values a
+        shard cannot go on from."""
+        variables, non_trainable = layout.zeros()
+        shard = cls(layout.index, variables, optimizer, layout.num_workers, mode, end_version,
+                    state=non_trainable, max_examples=max_examples)
         shard.restore(state)
         return shard
+
+    @property
+    def layout(self) -> ShardLayout:
+        """What a part of this shard must hold (`restore` checks it)."""
+        return ShardLayout.of(self.index, self.num_workers, self._params, self._state)
 
     @property
     def version(self) -> int:
@@ -575,10 +586,16 @@ class Shard:
         exactly-once table and clocks. Drops the step being gathered and the
         step records after its version; wakes every waiting pull and gate.
         Raises CheckpointError, changing nothing, if `state` belongs to
-        another shard, model or number of workers."""
+        another shard, model or number of workers, or holds values a shard
+        cannot go on from (ps/parts.py)."""
         with self._lock:
-            self._check_state(state)
-            self._optimizer.load_state(state.optimizer, self._params)  # checks it, first
+            self.layout.check(state)
+            check_values(state)
+            try:
+                self._optimizer.load_state(state.optimizer, self._params)  # checks it, first
+            except ValueError as err:  # BadTensor, or Keras refusing a shape
+                raise CheckpointError(f"{state.describe()}: its optimizer state does not fit "
+                                      f"this shard's optimizer: {err}") from None
             for name, value in state.params.items():
                 np.copyto(self._params[name], value)
             for name, value in state.non_trainable.items():
@@ -589,20 +606,6 @@ class Shard:
             self._snapshot = None
             self._log.drop_after(state.version)
             self._lock.notify_all()
-
-    def _check_state(self, state: ShardState) -> None:
-        def specs(arrays):
-            return {n: spec_of(np.asarray(v, np.float32)) for n, v in arrays.items()}
-
-        ours = (self.index, self.num_workers, specs(self._params), specs(self._state))
-        if (state.index, state.num_workers, specs(state.params),
-                specs(state.non_trainable)) != ours:
-            raise CheckpointError(
-                f"the checkpoint part is shard {state.index} of a job with {state.num_workers} "
-                f"workers and variables {sorted(state.params)[:5]}; this is shard {self.index} with "
-                f"{self.num_workers} workers and {sorted(self.specs)[:5]}: resume with the "
-                "configuration the checkpoint was written with"
-            )
 
     def wake(self) -> None:
         """Make every waiting pull and gate look at its call again (one ended)."""

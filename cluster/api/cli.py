@@ -122,7 +122,7 @@ def _train(args, parser) -> int:
         from towerps.cluster.run.driver import resume_config
         from towerps.cluster.run.user import resumed_job
 
-        config = resume_config(args.resume, args.address, args.steps)
+        config = resume_config(args.resume, args.address, args.steps, args.token_file)
         return _report(train(config, resume=True, user=resumed_job(config)))
     _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
     return _report(train(replace(config, run_dir=args.run_dir)))

@@ -29,6 +29,7 @@ from towerps.choices import (DATASETS, DEFAULT_LR, DEFAULT_MODEL, MODELS, OPTIMI
                              TLS_CHOICES, TRANSPORTS, WIRE_DTYPES)
 from towerps.errors import ConfigError
 from towerps.options import Flag, option
+from towerps.private import read_private_file, write_private_file
 from towerps.ps.modes import Mode
 from towerps.workers.devices import DeviceConfig
 
@@ -346,22 +347,21 @@ class TrainConfig:
     def save(self, run_dir: str) -> str:
         """Write config.json into `run_dir` (what `towerps train --resume` reads)."""
         path = os.path.join(run_dir, CONFIG_FILE)
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
+        write_private_file(path, json.dumps(self.to_dict(), indent=2))
         return path
 
     @classmethod
     def load(cls, run_dir: str) -> TrainConfig:
-        """The configuration a run saved in `run_dir`; ConfigError if it has none."""
+        """The configuration a run saved in `run_dir`; ConfigError if it has
+        none, UnsafePath if another user could have changed it (it names the
+        model module a resume imports and the addresses it dials)."""
         path = os.path.join(run_dir, CONFIG_FILE)
-        try:
-            with open(path) as f:
-                return cls.from_dict(json.load(f))
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             raise ConfigError(
                 f"--resume {run_dir!r}: no {CONFIG_FILE} there; name the run directory of a "
                 "`towerps train` run (it holds config.json, summary.json, checkpoints/)"
-            ) from None
+            )
+        return cls.from_dict(json.loads(read_private_file(path)))
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

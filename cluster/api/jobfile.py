@@ -24,6 +24,7 @@ import argparse
 import os
 
 from towerps.errors import ConfigError
+from towerps.private import make_private_dir, write_private_file
 
 JOB_FILE = "job.yaml"
 _NOT_FLAGS = ("help", "config", "command")
@@ -82,8 +83,7 @@ def write_job_file(run_dir: str, args: argparse.Namespace,
             continue
         value = getattr(args, dest, None)
         values[dest] = list(value) if isinstance(value, tuple) else value
-    os.makedirs(run_dir, exist_ok=True)
+    make_private_dir(run_dir)
     path = os.path.join(run_dir, JOB_FILE)
-    with open(path, "w") as f:
-        yaml.safe_dump(values, f, sort_keys=False)
+    write_private_file(path, yaml.safe_dump(values, sort_keys=False))
     return path

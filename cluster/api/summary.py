@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from towerps.private import write_private_file
+
 SUMMARY_FILE = "summary.json"
 
 
@@ -211,8 +213,7 @@ class RunSummary(Mapping):
     def write(self, run_dir: str | None = None) -> str:
         """Write summary.json into `run_dir` (default: the run's); returns its path."""
         path = os.path.join(self.run_dir if run_dir is None else run_dir, SUMMARY_FILE)
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
+        write_private_file(path, json.dumps(self.to_dict(), indent=2))  # 0600
         return path
 
     @classmethod

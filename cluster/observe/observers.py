@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 import time
+
+from towerps.private import write_private_file
 
 WORKERS_FILE = "workers.json"
 
@@ -130,11 +131,7 @@ class WorkersFile(Observer):
     def _write(self, finished: bool) -> None:
         state = {"updated_at_s": time.time(), "finished": finished, "version": self._version,
                  "workers": [self._rows[r] for r in sorted(self._rows)]}
-        folder = os.path.dirname(self.path) or "."
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=WORKERS_FILE + ".", suffix=".part")
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.path)
+        write_private_file(self.path, json.dumps(state))  # 0600, replaced atomically
 
 
 class ShardFigures:

@@ -27,6 +27,7 @@ import os
 from matplotlib.figure import Figure
 
 from towerps.cluster.api.summary import Evaluation, RunSummary
+from towerps.private import make_private_dir, open_private, write_private_file
 
 PLOTS = ("accuracy_vs_time.png", "accuracy_vs_examples.png", "staleness_histogram.png")
 
@@ -64,7 +65,7 @@ def write_report(run_dir: str, summaries: list[RunSummary],
     """Write report.md, compare.json and the PNGs; returns {"report", "plots", "rows", "target_accuracy"}."""
     if not summaries:
         raise ValueError("a report needs at least one run summary")
-    os.makedirs(run_dir, exist_ok=True)
+    make_private_dir(run_dir)
     target = default_target(summaries) if target_accuracy is None else target_accuracy
     rows = [table_row(s, target) for s in summaries]
     plots = [os.path.join(run_dir, name) for name in PLOTS]
@@ -74,10 +75,9 @@ def write_report(run_dir: str, summaries: list[RunSummary],
                    "Test accuracy against examples seen", plots[1])
     _plot_staleness(summaries, plots[2])
     path = os.path.join(run_dir, "report.md")
-    with open(path, "w") as f:
-        f.write(_markdown(summaries, rows, target))
-    with open(os.path.join(run_dir, "compare.json"), "w") as f:
-        json.dump({"target_accuracy": target, "rows": rows}, f, indent=2)
+    write_private_file(path, _markdown(summaries, rows, target))
+    write_private_file(os.path.join(run_dir, "compare.json"),
+                       json.dumps({"target_accuracy": target, "rows": rows}, indent=2))
     return {"report": path, "plots": plots, "rows": rows, "target_accuracy": target}
 
 
@@ -163,7 +163,8 @@ def _plot_accuracy(summaries, target, key, scale, xlabel, title, path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
+    with open_private(path, "wb") as f:
+        fig.savefig(f, format="png")
 
 
 def _plot_staleness(summaries, path) -> None:
@@ -185,4 +186,5 @@ def _plot_staleness(summaries, path) -> None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(path)
+    with open_private(path, "wb") as f:
+        fig.savefig(f, format="png")

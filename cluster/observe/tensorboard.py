@@ -26,17 +26,30 @@ the model); it writes from a background thread, so a call costs microseconds.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 
 from towerps.cluster.observe.observers import Observer, ShardFigures, start_of
+from towerps.private import FILE_MODE, make_private_dir
+
+
+def _narrow_event_files(log_dir: str) -> None:
+    """TensorFlow makes its event files 0644; the run's are its user's alone
+    (0600). The folder is 0700 and ours, so nothing else can be there."""
+    for entry in os.scandir(log_dir):
+        if entry.name.startswith("events.out.tfevents.") and entry.is_file(follow_symlinks=False):
+            os.chmod(entry.path, FILE_MODE)
 
 
 class TensorBoard(Observer):
     """An Observer that writes what it sees as TensorBoard summaries under `log_dir`."""
 
     def __init__(self, log_dir: str):
-        self._writer = tf.summary.create_file_writer(log_dir)
+        make_private_dir(log_dir)
+        self._writer = tf.summary.create_file_writer(log_dir)  # makes its event file now
+        _narrow_event_files(log_dir)
         self._last: dict = {}  # each worker's previous report
         self._shard_figures = ShardFigures()
 

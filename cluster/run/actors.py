@@ -98,7 +98,7 @@ class ShardActor:
         through shared memory (src/towerps/shm.py; None: gRPC only).
         """
         from towerps.ps import Shard, create_server, make_optimizer
-        from towerps.ps.checkpoint import PartWriter
+        from towerps.ps.checkpoint import PartWriter, ShardLayout, checkpoint_key
         from towerps.ps.limits import ShardLimits
         from towerps.ps.memory import keep_freed_memory
 
@@ -108,6 +108,10 @@ class ShardActor:
             optimizer = make_optimizer(optimizer, lr)
         else:
             optimizer = optimizer.build()
+        if checkpoints is not None and credentials is not None:
+            # The job's checkpoint key comes with its secret, never inside the store.
+            checkpoints = replace(checkpoints, store=checkpoints.store.keyed(
+                checkpoint_key(credentials.secret)))
         resume = checkpoints.resume_version if checkpoints else None
         if resume is None:
             self._shard = Shard(
@@ -115,9 +119,11 @@ class ShardActor:
                 max_examples=max_examples,
             )
         else:
+            # Checked against what the placement puts here, not against itself.
+            layout = ShardLayout.of(self._index, num_workers, variables, state)
             part = checkpoints.store.read_part(resume, self._index)
             self._shard = Shard.from_state(part, optimizer, mode, end_version,
-                                           max_examples=max_examples)
+                                           max_examples=max_examples, layout=layout)
             self._clocks = list(part.clocks)
         if checkpoints is not None:
             self._checkpoints = checkpoints

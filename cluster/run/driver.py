@@ -45,6 +45,8 @@ import numpy as np
 from towerps import __version__
 from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
 from towerps.cluster.api.config import TrainConfig
+from towerps.cluster.api.jobfile import JOB_FILE
+from towerps.cluster.run.placements import PLACEMENT_FILE
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
 from towerps.cluster.run.job import Job, Payload, Trained
@@ -58,6 +60,7 @@ from towerps.cluster.api.summary import (
 )
 from towerps.cluster.run.user import UserJob
 from towerps.errors import ConfigError
+from towerps.private import check_private_dir, check_private_file, save_private
 from towerps.ps.optimizers import KerasState
 from towerps.workers.catalog import NUM_VARIABLES
 from towerps.workers.seams import installed
@@ -236,15 +239,27 @@ def _check_cpus_left_for_ray_data(config: TrainConfig) -> None:
             f"{held + RAY_DATA_CPUS})) or let towerps start it (no ray.init before fit)")
 
 
-def resume_config(run_dir: str, address: str | None = None, steps: int | None = None) -> TrainConfig:
+def resume_config(run_dir: str, address: str | None = None, steps: int | None = None,
+                  token_file: str | None = None) -> TrainConfig:
     """The configuration a run saved, to go on from its latest checkpoint:
-    optionally on another cluster (`address`) or to another end (`steps`)."""
+    optionally on another cluster (`address`) or to another end (`steps`),
+    or with the secret its checkpoints were signed with (`token_file`: a run
+    copied from another machine without its token file).
+    UnsafePath when the run directory, config.json, job.yaml or
+    placement.json is another user's or others could have changed it: they
+    name the code a resume imports and the addresses it dials."""
+    check_private_dir(run_dir)
+    for name in (JOB_FILE, PLACEMENT_FILE):
+        if os.path.lexists(os.path.join(run_dir, name)):
+            check_private_file(os.path.join(run_dir, name))
     config = TrainConfig.load(run_dir)
     changes = {"run_dir": run_dir}
     if address is not None:
         changes["address"] = address
     if steps is not None:
         changes["steps"] = steps
+    if token_file is not None:
+        changes["token_file"] = token_file
     return dataclasses.replace(config, **changes)
 
 
@@ -349,7 +364,7 @@ def save(prepared: Prepared, trained: Trained, summary: RunSummary) -> None:
     holding its state, so `fit` goes on as trained) and summary.json into the
     run directory."""
     load_trained(prepared, trained.params, trained.optimizer)
-    prepared.model.save(os.path.join(summary.run_dir, "model.keras"))
+    save_private(os.path.join(summary.run_dir, "model.keras"), prepared.model.save)  # 0600
     summary.write()
 
 
@@ -375,7 +390,7 @@ def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
     checkpoints). Reads every shard's part."""
     if job.checkpoints is None:
         return None
-    store = job.checkpoints.driver_store()
+    store = job.checkpoints.driver_store(job.security.checkpoint_key)
     version = store.latest()
     if version is None:
         return None

@@ -48,6 +48,7 @@ from towerps.ps.checkpoint import ShardState
 from towerps.ps.optimizers import KerasState, OptimizerSpec
 from towerps.ps.placement import PlacementPlan
 from towerps.ps.saved_state import join_optimizer_states, optimizer_state
+from towerps.private import make_private_dir
 from towerps.shm import new_run_prefix, sweep
 from towerps.workers import PSClient
 from towerps.workers.seams import installed
@@ -129,11 +130,14 @@ class Job:
         """
         job = cls(config, plan, run_dir, reserve(config))
         try:
-            os.makedirs(run_dir, exist_ok=True)
+            make_private_dir(run_dir)  # 0700; refuses another user's (towerps.private)
             job.resume_version = resume_version
             if resume_version is not None:
                 sweep_earlier_runs(run_dir)
-            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes())
+            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes(),
+                                              resume=resume_version is not None)
+            if resume_version is not None:  # its manifest proven before any shard starts
+                job.checkpoints.driver_store(job.security.checkpoint_key).manifest(resume_version)
             job._start_shards(plan.split(payload.initial), payload)
             write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
                                job.addresses, job.security)

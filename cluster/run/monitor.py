@@ -45,6 +45,7 @@ from towerps.cluster.recovery.policy import (RECOVERING, Action, Decision, Event
                                              RecoveryPolicy, Status)
 from towerps.cluster.run.remote import get
 from towerps.errors import ActorDied, ClusterError, ShardUnavailable
+from towerps.private import open_private
 
 POLL_S = 0.25  # how long a poll waits for the workers' runs before reading the log
 REPORT_S = 1.0  # how often the workers are asked for their figures
@@ -117,7 +118,7 @@ class _Watch:
                         initial=ledger.seen, unit="update",
                         disable=None if progress is None else not progress)
         try:
-            with self.bar, open(path, "w") as self.metrics:
+            with self.bar, open_private(path, "w") as self.metrics:
                 self.metrics.writelines(json.dumps(r) + "\n" for r in kept)
                 while True:
                     status = self.poll()

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 
 from towerps.errors import ClusterError
+from towerps.private import write_private_file
 
 PLACEMENT_FILE = "placement.json"  # where every actor of the run is now
 
@@ -164,9 +165,7 @@ class Placements:
         """placement.json, replaced atomically (a reader never sees half of it)."""
         if self.path is None:
             return
-        with open(self.path + ".part", "w") as f:
-            json.dump(self.to_json(), f, indent=2)
-        os.replace(self.path + ".part", self.path)
+        write_private_file(self.path, json.dumps(self.to_json(), indent=2))  # 0600
 
 
 def read_placement(run_dir: str) -> list[dict]:

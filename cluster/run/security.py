@@ -29,6 +29,8 @@ from towerps.auth import (
 )
 from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
+from towerps.private import check_private_file, make_private_dir, write_private_file
+from towerps.ps.parts import checkpoint_key
 from towerps.tls import (
     SERVER_NAME, TlsMaterial, load_client_tls, load_tls_dir, make_job_tls, write_tls_dir,
 )
@@ -45,11 +47,19 @@ class JobSecurity:
     client_files: dict[str, str]  # with TLS: ca.pem, client.pem, client.key -> path
 
     @classmethod
-    def create(cls, config: TrainConfig, run_dir: str, num_nodes: int) -> JobSecurity:
-        """Read or make the secret and the TLS material; writes the run dir's files."""
-        os.makedirs(run_dir, exist_ok=True)
+    def create(cls, config: TrainConfig, run_dir: str, num_nodes: int,
+               resume: bool = False) -> JobSecurity:
+        """Read or make the secret and the TLS material; writes the run dir's files.
+        UnsafePath, before anything is written, when `run_dir` is another
+        user's or others may write it (towerps.private). `resume`: the run's
+        own secret, which signed its checkpoints, unless --token-file gives one."""
+        make_private_dir(run_dir)
+        own = os.path.join(run_dir, TOKEN_FILE)
         if config.token_file is not None:
             secret, token_file = read_token_file(config.token_file), config.token_file
+        elif resume and os.path.lexists(own):
+            check_private_file(own)
+            secret, token_file = read_token_file(own), own
         else:
             secret, token_file = new_job_secret(), os.path.join(run_dir, TOKEN_FILE)
             write_token_file(token_file, secret)
@@ -59,6 +69,11 @@ class JobSecurity:
             files = write_tls_dir(os.path.join(run_dir, "tls"), tls)
         return cls(secret, os.path.abspath(token_file), tls,
                    {n: os.path.abspath(p) for n, p in files.items()})
+
+    @property
+    def checkpoint_key(self) -> bytes:
+        """What signs and proves the job's checkpoints (ps/parts.py)."""
+        return checkpoint_key(self.secret)
 
     @property
     def shard(self) -> ShardCredentials:
@@ -101,9 +116,7 @@ def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecuri
         "tls": tls,
     }
     path = os.path.join(run_dir, CLUSTER_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)  # readers never see half a file
+    write_private_file(path, json.dumps(record, indent=2))  # atomic: never half a file
     return path
 
 

@@ -27,6 +27,7 @@ import secrets
 from dataclasses import dataclass
 
 from towerps.errors import ConfigError
+from towerps.private import write_private_file
 from towerps.tls import TlsMaterial
 
 METADATA_KEY = "authorization"
@@ -129,11 +130,10 @@ def _bearer_token(metadata) -> str | None:
 
 
 def write_token_file(path: str, secret: str) -> None:
-    """Write the job secret to `path`, readable by its owner only (0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)  # also when the file was there with wider bits
-        f.write(secret + "\n")
+    """Write the job secret to `path`, readable by its owner only: a new 0600
+    file renamed into place, so a file or symlink planted there is replaced,
+    never written through (towerps.private)."""
+    write_private_file(path, secret + "\n")
 
 
 def read_token_file(path: str) -> str:

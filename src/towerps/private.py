@@ -7,7 +7,9 @@ another user made or could have changed.
     make_private_dir(run_dir)                 # 0700; refuses a foreign or writable one
     write_private_file(path, data)            # 0600, never through a symlink
     with open_private(path, "a") as f: ...    # appends (metrics.jsonl), same rules
+    save_private(path, model.save)            # a file another library writes (model.keras)
     check_private_file(path)                  # before trusting what is in it
+    data = read_private_file(path)            # the same check and the read, on one open file
 
 Every refusal is an `UnsafePath` (a `ConfigError`) that names the path, what
 is wrong with it and the fix. Symlinks are refused, not followed: a link
@@ -19,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from towerps.errors import ConfigError
@@ -60,19 +64,24 @@ def check_private_file(path: str | os.PathLike) -> None:
     _check(Path(path), stat.S_ISREG, "file")
 
 
-def write_private_file(path: str | os.PathLike, data: bytes | str) -> None:
-    """Writes `data` to `path` as a 0600 file, atomically: a new file is made
-    beside it (O_EXCL|O_NOFOLLOW) and renamed over it, so a symlink at
-    `path` is replaced, never followed, and readers never see half a file."""
+def write_private_file(path: str | os.PathLike,
+                       data: bytes | str | Iterable[bytes | memoryview]) -> int:
+    """Writes `data` (or its pieces, one after the other) to `path` as a 0600
+    file, atomically: a new file is made beside it (O_EXCL|O_NOFOLLOW) and
+    renamed over it, so a symlink at `path` is replaced, never followed, and
+    readers never see half a file. Returns the bytes written."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  FILE_MODE)
+    written = 0
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for piece in pieces:
+                written += f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -80,6 +89,43 @@ def write_private_file(path: str | os.PathLike, data: bytes | str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    return written
+
+
+def save_private(path: str | os.PathLike, save: Callable[[str], object]) -> None:
+    """`save(name)` writes a file (Keras' model.save, a plot's savefig); it is
+    made as a 0600 file at `path`: written in a 0700 folder beside `path`
+    under the same file name, then renamed over it (never through a symlink)."""
+    path = Path(path)
+    folder = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)  # 0700
+    try:
+        inside = os.path.join(folder, path.name)  # Keras wants the .keras suffix
+        save(inside)
+        os.chmod(inside, FILE_MODE, follow_symlinks=False)
+        os.replace(inside, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(folder):
+                os.unlink(os.path.join(folder, name))
+            os.rmdir(folder)
+
+
+def read_private_file(path: str | os.PathLike) -> bytes:
+    """The bytes of `path`, a regular file of this user's that no one else
+    may write (check_private_file's rules, checked on the open file, so it
+    cannot be swapped between the check and the read). Raises UnsafePath."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UnsafePath(f"{path} does not exist") from None
+    except OSError as err:
+        if err.errno == 40:  # ELOOP: the path is a symlink
+            raise UnsafePath(_message(path, "is a symlink", "give the real file instead")) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        _check_info(path, os.fstat(fd), stat.S_ISREG, "file")
+        return f.read()
 
 
 def open_private(path: str | os.PathLike, mode: str = "a"):
@@ -116,6 +162,10 @@ def _check(path: Path, is_kind, kind: str) -> None:
         info = os.lstat(path)
     except FileNotFoundError:
         raise UnsafePath(f"{path} does not exist") from None
+    _check_info(path, info, is_kind, kind)
+
+
+def _check_info(path: Path, info: os.stat_result, is_kind, kind: str) -> None:
     if stat.S_ISLNK(info.st_mode):
         raise UnsafePath(_message(path, "is a symlink", f"give the real {kind} instead"))
     if not is_kind(info.st_mode):

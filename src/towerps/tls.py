@@ -14,7 +14,7 @@ not the address). The CA's own key exists only while `make_job_tls` runs.
 
 `--tls-dir` holds the same five PEM files by these names: ca.pem,
 server.pem, server.key, client.pem, client.key. `write_tls_dir` writes the
-files a client needs (keys 0600).
+files a client needs (0600, in a 0700 folder).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import grpc
 
 from towerps.errors import ConfigError
+from towerps.private import make_private_dir, write_private_file
 
 SERVER_NAME = "towerps-shard"
 # The name clients expect in a shard's certificate, whatever address they dial.
@@ -133,17 +134,15 @@ def load_client_tls(ca_file: str, cert_file: str, key_file: str) -> TlsMaterial:
 
 
 def write_tls_dir(path: str, tls: TlsMaterial) -> dict[str, str]:
-    """Write what a client needs (ca.pem, client.pem, client.key 0600) into
-    `path`; returns {file name: path}."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """Write what a client needs (ca.pem, client.pem, client.key) into `path`
+    (a 0700 folder, files 0600, never written through a symlink: a link
+    planted there is replaced); returns {file name: path}."""
+    make_private_dir(path)
     written = {}
-    for name, data, mode in (("ca.pem", tls.ca_pem, 0o644), ("client.pem", tls.client_pem, 0o644),
-                             ("client.key", tls.client_key, 0o600)):
+    for name, data in (("ca.pem", tls.ca_pem), ("client.pem", tls.client_pem),
+                       ("client.key", tls.client_key)):
         target = os.path.join(path, name)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
+        write_private_file(target, data)
         written[name] = target
     return written
 

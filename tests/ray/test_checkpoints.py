@@ -8,6 +8,8 @@ test_takeover compare their runs with it too.
 """
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import keras
@@ -17,7 +19,8 @@ import pytest
 from towerps.cluster import TrainConfig, train
 from towerps.cluster.api.summary import RunSummary
 from towerps.cluster.run.driver import resume_config
-from towerps.ps.checkpoint import CheckpointStore
+from towerps.auth import read_token_file
+from towerps.ps.checkpoint import CheckpointStore, checkpoint_key
 from towerps.ps.keras_optimizer import keras_variables
 from towerps.ps.placement import plan_placement
 from towerps.workers.variables import ModelVariables
@@ -67,7 +70,8 @@ def shards_optimizer(run_dir, version, model_path) -> dict[str, np.ndarray]:
     """The shards' Adam state in the checkpoint's parts, joined independently of the driver."""
     model = keras.models.load_model(model_path)
     plan = plan_placement({k: v.shape for k, v in ModelVariables(model).all.items()}, 2)
-    store = CheckpointStore(str(run_dir / "checkpoints"))
+    key = checkpoint_key(read_token_file(str(run_dir / "token")))  # the run's secret
+    store = CheckpointStore(str(run_dir / "checkpoints"), key=key)
     parts = [store.read_part(version, k) for k in range(2)]
     joined = {}
     for slot, attr in (("m", "_momentums"), ("v", "_velocities")):
@@ -119,3 +123,8 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(clean, 
     assert metrics[-1]["examples"] == resumed.examples == 16 * 96
     # The rate counts the resumed run's own 12 steps over its own training time.
     assert resumed.examples_per_s == pytest.approx(12 * 96 / resumed.wall_s)
+    # Its folders, checkpoints included, are 0700 and its files 0600.
+    for folder, dirs, files in os.walk(tmp_path / "resumed"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
+        for name in files:
+            assert stat.S_IMODE(os.lstat(os.path.join(folder, name)).st_mode) == 0o600, name

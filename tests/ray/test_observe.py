@@ -2,6 +2,8 @@
 metrics on the node's metrics endpoint, the workers' figures in workers.json."""
 
 import json
+import os
+import stat
 import time
 import urllib.request
 
@@ -84,3 +86,18 @@ def test_ray_metrics_reach_the_nodes_metrics_endpoint(run):
     assert found == wanted
     assert 'ray_towerps_worker_step_seconds{' in text and 'part="compute"' in text
     assert 'ray_towerps_shard_pushes_per_s{' in text and 'ray_towerps_shard_pulls_waiting{' in text
+
+
+def test_the_finished_run_directory_is_its_users_alone(run):
+    """Folders 0700, files 0600: the token, the model, the metrics, the events."""
+    run_dir, _ = run
+    names = set(os.listdir(run_dir))
+    assert {"token", "cluster.json", "placement.json", "config.json", "summary.json",
+            "metrics.jsonl", "workers.json", "model.keras"} <= names
+    assert any(n.startswith("events.out.tfevents.") for n in names)
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    for folder, dirs, files in os.walk(run_dir):
+        for name in dirs:
+            assert stat.S_IMODE(os.lstat(os.path.join(folder, name)).st_mode) == 0o700, name
+        for name in files:
+            assert stat.S_IMODE(os.lstat(os.path.join(folder, name)).st_mode) == 0o600, name

@@ -10,6 +10,7 @@ import pytest
 from tests.polling import wait_until
 from tests.rpc.test_worker_modes import TIMEOUT_S, GatedTower, at_gate
 from towerps.ps import Mode, Shard, create_server, make_optimizer, plan_placement
+from towerps.ps.parts import ShardLayout
 from towerps.workers import PSClient, Tower, Worker, WorkerSpec, build_model, load_dataset
 from towerps.workers.redirect import Redirect
 
@@ -58,7 +59,9 @@ def run_job(dataset, kill_at: int | None):
         shard.close()
         latest = states[-1]
         assert latest.version == kill_at - kill_at % EVERY
-        shard = Shard.from_state(latest, make_optimizer("adam"), Mode("sync"), STEPS)
+        layout = ShardLayout.of(0, 2, plan.split(initial)[0])  # the placement's, not the part's
+        shard = Shard.from_state(latest, make_optimizer("adam"), Mode("sync"), STEPS,
+                                 layout=layout)
         server, port = create_server(shard, "127.0.0.1:0")
         servers.append(server)
         for worker in workers:

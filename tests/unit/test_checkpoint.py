@@ -7,7 +7,8 @@ import pytest
 
 from towerps.errors import CheckpointError, ConfigError
 from towerps.ps.checkpoint import (
-    MANIFEST, CheckpointStore, PartWriter, ShardState, decode_part, encode_part, redacted,
+    MANIFEST, CheckpointStore, PartWriter, ShardState, checkpoint_key, decode_part, encode_part,
+    redacted,
 )
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
@@ -16,6 +17,7 @@ from towerps.ps.shard import PushOutcome, Shard
 pytestmark = pytest.mark.unit
 
 SHAPES = {"w": (6, 4), "b": (4,)}
+KEY = checkpoint_key("ab" * 32)
 
 
 def grads_for(step, rank):
@@ -50,7 +52,7 @@ def test_a_part_decodes_to_the_state_it_was_encoded_from():
         last_step=[6, -1], clocks=[7, 0],
         non_trainable={"bn/mean": np.full(3, 0.5, np.float32), "empty": np.zeros(0, np.float32)},
     )
-    back = decode_part(b"".join(bytes(p) for p in encode_part(state)))
+    back = decode_part(b"".join(bytes(p) for p in encode_part(state, KEY)), KEY)
     assert (back.index, back.version, back.num_workers) == (1, 7, 2)
     assert (back.last_step, back.clocks) == ([6, -1], [7, 0])
     for group in ("params", "optimizer", "non_trainable"):
@@ -64,11 +66,11 @@ def test_a_part_decodes_to_the_state_it_was_encoded_from():
 
 def test_bytes_that_are_not_a_part_are_refused():
     with pytest.raises(CheckpointError, match="not a towerps shard part"):
-        decode_part(b"PK\x03\x04 a zip file")
+        decode_part(b"PK\x03\x04 a zip file", KEY)
 
 
 def test_a_shard_restored_from_a_checkpoint_goes_on_bit_for_bit(tmp_path):
-    store = CheckpointStore(str(tmp_path), keep=5)
+    store = CheckpointStore(str(tmp_path), keep=5, key=KEY)
     original = new_shard()
     writer = PartWriter(store, num_shards=1)
     original.take_checkpoints(4, writer)
@@ -78,7 +80,8 @@ def test_a_shard_restored_from_a_checkpoint_goes_on_bit_for_bit(tmp_path):
     assert [r.version for r in writer.records] == [4, 8]
     assert all(r.complete and r.nbytes > 0 and r.error is None for r in writer.records)
 
-    resumed = Shard.from_state(store.read_part(8, 0), make_optimizer("adam"))
+    resumed = Shard.from_state(store.read_part(8, 0), make_optimizer("adam"),
+                               layout=original.layout)
     assert resumed.version == 8
     run_steps(resumed, 8, 10)
     assert weights(resumed) == weights(original)
@@ -108,7 +111,7 @@ def test_a_state_holds_no_half_gathered_step():
     shard.push(1, 2, grads_for(2, 1), 4, 0.5)  # buffered for step 2
     state = shard.export_state()
     assert (state.version, state.last_step, state.clocks) == (2, [1, 1, 1], [2, 2, 2])
-    resumed = Shard.from_state(state, make_optimizer("adam"))
+    resumed = Shard.from_state(state, make_optimizer("adam"), layout=shard.layout)
     assert resumed.push(1, 2, grads_for(2, 1), 4, 0.5).outcome == PushOutcome.BUFFERED  # not DUPLICATE
 
 
@@ -119,7 +122,7 @@ def test_async_state_keeps_the_exactly_once_table_and_clocks():
     shard.push(0, 2, grads_for(2, 0), 4, 0.5)
     state = shard.export_state()
     assert (state.version, state.last_step, state.clocks) == (3, [2, 0], [2, 1])
-    resumed = Shard.from_state(state, make_optimizer("adam"), Mode("async"))
+    resumed = Shard.from_state(state, make_optimizer("adam"), Mode("async"), layout=shard.layout)
     assert resumed.push(0, 2, grads_for(2, 0), 4, 0.5).outcome == PushOutcome.ALREADY_APPLIED
     assert resumed.push(1, 3, grads_for(3, 1), 4, 0.5).outcome == PushOutcome.APPLIED
 
@@ -136,7 +139,7 @@ def test_a_part_of_another_shard_or_job_is_refused_and_changes_nothing():
 
 
 def test_a_checkpoint_is_complete_only_with_every_part_and_old_ones_are_pruned(tmp_path):
-    store = CheckpointStore(f"file://{tmp_path}/ckpt", keep=2)
+    store = CheckpointStore(f"file://{tmp_path}/ckpt", keep=2, key=KEY)
     for version in (10, 20, 30):
         for index in range(2):
             state = new_shard(index=index).export_state()
@@ -159,7 +162,7 @@ def test_a_checkpoint_is_complete_only_with_every_part_and_old_ones_are_pruned(t
 def test_going_back_to_a_checkpoint_discards_the_newer_parts_so_no_history_mixes(tmp_path):
     """A part of version 30 written before the shards went back to 20 must
     not complete checkpoint 30 with a part the replayed history writes."""
-    store = CheckpointStore(str(tmp_path / "ckpt"), keep=5)
+    store = CheckpointStore(str(tmp_path / "ckpt"), keep=5, key=KEY)
     for version, indices in ((20, (0, 1)), (30, (0,)), (40, (1,))):
         for index in indices:
             state = new_shard(index=index).export_state()
@@ -183,7 +186,7 @@ def test_a_write_that_fails_is_recorded_and_training_goes_on(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the checkpoint folder should be")
     shard = new_shard()
-    writer = PartWriter(CheckpointStore(str(blocker)), num_shards=1)
+    writer = PartWriter(CheckpointStore(str(blocker), key=KEY), num_shards=1)
     shard.take_checkpoints(1, writer)
     run_steps(shard, 0, 2)
     writer.close()
@@ -233,7 +236,7 @@ def test_non_trainable_state_travels_with_the_checkpoint():
     state = shard.export_state()
     np.testing.assert_array_equal(state.non_trainable["bn/moving_mean"], np.full(4, 0.5))
     push_all(shard, 1)
-    resumed = Shard.from_state(state, make_optimizer("adam"))
+    resumed = Shard.from_state(state, make_optimizer("adam"), layout=shard.layout)
     push_all(resumed, 1)
     assert weights(resumed) == weights(shard)
 
@@ -248,14 +251,14 @@ def test_a_keras_optimizer_s_slots_are_restored_before_its_first_update():
     state = shard.export_state()
     assert any("momentum" in key for key in state.optimizer)
     run_steps(shard, 3, 5)
-    resumed = Shard.from_state(state, spec.build())
+    resumed = Shard.from_state(state, spec.build(), layout=shard.layout)
     run_steps(resumed, 3, 5)
     assert weights(resumed) == weights(shard)
 
 
 def test_flush_waits_for_every_part_handed_over(tmp_path):
     shard = new_shard()
-    writer = PartWriter(CheckpointStore(str(tmp_path)), num_shards=1)
+    writer = PartWriter(CheckpointStore(str(tmp_path), key=KEY), num_shards=1)
     shard.take_checkpoints(1, writer)
     run_steps(shard, 0, 3)
     assert writer.flush(timeout_s=30)

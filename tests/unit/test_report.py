@@ -1,6 +1,7 @@
 """The comparison report from run summaries: table rows, JSON, and PNGs that decode."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -65,6 +66,8 @@ def test_report_has_one_row_per_mode_and_plots_that_decode(tmp_path):
             pixels = np.asarray(image.convert("RGB"))
         assert pixels.shape[0] > 300 and pixels.shape[1] > 500
         assert pixels.std() > 10  # something is drawn, not a blank canvas
+    for path in [*result["plots"], tmp_path / "report.md", tmp_path / "compare.json"]:
+        assert os.stat(path).st_mode & 0o777 == 0o600  # the runs' owner's alone
 
 
 def test_default_target_is_95_percent_of_the_best_rounded_down():

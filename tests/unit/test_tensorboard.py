@@ -31,6 +31,9 @@ def test_an_evaluation_without_accuracy_writes_its_loss_only(tmp_path):
     series = _scalars(tmp_path)
     assert series["test/loss"] == [(7, 0.25), (9, 0.125)]
     assert series["test/accuracy"] == [(9, 0.5)]
+    events = [p for p in tmp_path.iterdir() if p.name.startswith("events.out.tfevents.")]
+    assert events and all(p.stat().st_mode & 0o777 == 0o600 for p in events)  # the run's alone
+    assert tmp_path.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_run_too_short_for_a_second_report_still_plots_each_worker(tmp_path):
