@@ -151,7 +151,9 @@ def create_server(
     credentials: ShardCredentials | None = None,
     same_node: str | None = None,
 ):
-    """Start a gRPC server for `shard` on `address` (port 0: any free port).
+    """Start a gRPC server for `shard` on `address` (port 0: any free port;
+    `unix:PATH`: a Unix domain socket, whose directory's permissions say
+    who may connect, and the port returned is 1).
 
     `same_node`: the run's segment prefix (src/towerps/shm.py): workers on
     this node may then pass tensors through their shared-memory segments;
@@ -223,6 +225,10 @@ def add_standard_services(server: grpc.Server) -> None:
 
 
 def _is_loopback(address: str) -> bool:
+    """Whether `address` is reachable from this machine only: a loopback
+    host, or a Unix domain socket (unix:PATH)."""
+    if address.startswith("unix:"):
+        return True
     host = address.rsplit(":", 1)[0].strip("[]")
     return host.startswith("127.") or host in ("localhost", "::1")
 
