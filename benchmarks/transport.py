@@ -25,7 +25,11 @@ at most `--tensor-mb`), two fresh processes on loopback:
           bytes both ways in one call; its MB/s count one way's bytes)
           (same-node: a second `PSClient` whose tensors go through /dev/shm
           segments, the shard started with the same-node transport;
-          `shm_*_vs_grpc` is its rate over the gRPC path's). The timed gRPC pushes repeat the applied step, so the shard
+          `shm_*_vs_grpc` is its rate over the gRPC path's; unix: a third
+          `PSClient` making the same gRPC calls to the same shard through a
+          second server on a Unix domain socket, as a local job's shards
+          listen, `unix_*_vs_tcp_loopback` its rate over loopback TCP's).
+          The timed gRPC pushes repeat the applied step, so the shard
           decodes every byte and answers ALREADY_APPLIED: the data path
           alone, no optimizer. The timed pulls read the version's snapshot.
 
@@ -72,10 +76,13 @@ from benchmarks import _common as common  # noqa: E402
 
 MB = 10**6
 # Each round; shm_*: the same client calls with the same-node transport on (plaintext only).
-OPS = ("grpc_push", "bare_push", "fresh_push", "tcp_send", "shm_push",
-       "grpc_pull", "bare_pull", "fresh_pull", "tcp_recv", "shm_pull",
-       "grpc_push_pull", "shm_push_pull")
-TLS_OPS = ("grpc_push", "tcp_send", "grpc_pull", "tcp_recv")  # the bare stream runs plaintext
+# unix_*: the same gRPC calls to the same shard through a Unix domain socket
+# (a local job's shards listen on one: cluster/run/sockets.py).
+OPS = ("grpc_push", "bare_push", "fresh_push", "tcp_send", "shm_push", "unix_push",
+       "grpc_pull", "bare_pull", "fresh_pull", "tcp_recv", "shm_pull", "unix_pull",
+       "grpc_push_pull", "shm_push_pull", "unix_push_pull")
+# The bare stream runs plaintext.
+TLS_OPS = ("grpc_push", "tcp_send", "unix_push", "grpc_pull", "tcp_recv", "unix_pull")
 BARE_PUSH, BARE_PULL, FRESH_PULL = "/bare.Bytes/Push", "/bare.Bytes/Pull", "/bare.Bytes/PullFresh"
 _HEADER = struct.Struct("<cQ")  # TCP: op (b"P" receive n bytes, b"G" send n bytes), n
 
@@ -98,6 +105,7 @@ def add_flags(parser) -> None:
     add("--secrets-dir", default=None, help="(internal) the token file and TLS files")
     add("--tls", action="store_true", help="(internal) mutual TLS")
     add("--segment-prefix", default=None, help="(internal) the same-node transport's")
+    add("--unix-address", default=None, help="(internal) the shard's second server's")
 
 
 def tensors_of(total_mb: float, tensor_mb: float, fill: float):
@@ -130,6 +138,9 @@ def serve_shard(args) -> None:
     secret, tls = _secrets(args)
     server, port = create_server(shard, "127.0.0.1:0", credentials=ShardCredentials(secret, tls),
                                  same_node=args.segment_prefix)
+    # The same shard behind a second server, on a Unix socket in a 0700 directory.
+    unix_server, _ = create_server(shard, args.unix_address,
+                                   credentials=ShardCredentials(secret, tls))
     bare, bare_port = _bare_server()
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_tcp_serve, args=(listener,), daemon=True).start()
@@ -138,6 +149,7 @@ def serve_shard(args) -> None:
     sys.stdin.read()  # the parent closes stdin when done
     shard.close()
     server.stop(grace=None).wait()
+    unix_server.stop(grace=None).wait()
     bare.stop(grace=None).wait()
 
 
@@ -252,6 +264,8 @@ def run_client(args) -> None:
     shm_client = PSClient([f"127.0.0.1:{args.port}"], plan,
                           credentials=Credentials(worker_token(secret, 0), tls),
                           same_node=SameNode(args.segment_prefix, 0, (0,)))
+    unix_client = PSClient([args.unix_address], plan,
+                           credentials=Credentials(worker_token(secret, 0), tls))
     bare_push, bare_pull, fresh_pull = _bare_stubs(args.bare_port)
     bare_chunks = list(_chunks(grads.values()))  # made once
     tcp = socket.create_connection(("127.0.0.1", args.tcp_port))
@@ -309,6 +323,18 @@ def run_client(args) -> None:
         _, version, pulled = shm_client.push_pull(0, 0, grads, 1, 0.0, 300.0)
         assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
 
+    def unix_push():
+        outcome = unix_client.push(0, 0, grads, num_examples=1, loss=0.0)
+        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
+
+    def unix_pull():
+        _, pulled = unix_client.pull(min_version=1, timeout_s=300.0)
+        assert sum(p.nbytes for p in pulled.values()) == nbytes
+
+    def unix_push_pull():
+        _, version, pulled = unix_client.push_pull(0, 0, grads, 1, 0.0, 300.0)
+        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
+
     def tcp_send():
         tcp.sendall(_HEADER.pack(b"P", nbytes))
         for g in grads.values():
@@ -342,7 +368,8 @@ def run_client(args) -> None:
            "grpc_pull": grpc_pull, "bare_pull": bare_recv, "tcp_recv": tcp_recv,
            "fresh_push": fresh_send, "fresh_pull": lambda: bare_recv(fresh_pull),
            "shm_push": shm_push, "shm_pull": shm_pull,
-           "grpc_push_pull": grpc_push_pull, "shm_push_pull": shm_push_pull}
+           "grpc_push_pull": grpc_push_pull, "shm_push_pull": shm_push_pull,
+           "unix_push": unix_push, "unix_pull": unix_pull, "unix_push_pull": unix_push_pull}
     for _ in range(args.rep_count):
         for op in ops:
             timed(op, fns[op])
@@ -350,6 +377,7 @@ def run_client(args) -> None:
     tcp.close()
     client.close()
     shm_client.close()
+    unix_client.close()
     print(json.dumps({"parameter_bytes": nbytes, "num_tensors": len(grads), **memory, **times,
                       "cpu_s": cpu}), flush=True)
 
@@ -411,8 +439,10 @@ def measure_size(args, mb: float, reps: int, timeout_s: float, tls: bool = False
     from towerps.shm import new_run_prefix, sweep
 
     prefix = new_run_prefix()
+    unix_address = f"unix:{args.secrets_dir}/shard-{mb:g}{'-tls' if tls else ''}.sock"
     common_flags = ["--mb", str(mb), "--tensor-mb", str(args.tensor_mb),
                     "--secrets-dir", args.secrets_dir, "--segment-prefix", prefix,
+                    "--unix-address", unix_address,
                     *(["--tls"] if tls else [])]
     # The shard's process starts as a shard actor's does (one malloc arena: ps/memory.py).
     shard = common.run_module_child(__file__, ["--role", "shard", *common_flags],
@@ -472,6 +502,12 @@ def summarise(raw: dict) -> dict:
     if "shm_push_mb_per_s" in rate:  # the same-node transport over the gRPC path
         out["shm_push_vs_grpc"] = rate["shm_push_mb_per_s"] / rate["grpc_push_mb_per_s"]
         out["shm_pull_vs_grpc"] = rate["shm_pull_mb_per_s"] / rate["grpc_pull_mb_per_s"]
+    if "unix_push_mb_per_s" in rate:  # a Unix socket over loopback TCP, the same gRPC calls
+        out["unix_push_vs_tcp_loopback"] = rate["unix_push_mb_per_s"] / rate["grpc_push_mb_per_s"]
+        out["unix_pull_vs_tcp_loopback"] = rate["unix_pull_mb_per_s"] / rate["grpc_pull_mb_per_s"]
+    if "unix_push_pull_mb_per_s" in rate:
+        out["unix_push_pull_vs_tcp_loopback"] = (rate["unix_push_pull_mb_per_s"]
+                                                 / rate["grpc_push_pull_mb_per_s"])
     if "shm_push_pull_mb_per_s" in rate:  # one call each way, the tensors both ways
         out["shm_push_pull_vs_grpc"] = (rate["shm_push_pull_mb_per_s"]
                                         / rate["grpc_push_pull_mb_per_s"])
@@ -540,7 +576,10 @@ def main(argv=None) -> dict:
              f"over bare with chunks cut each call {f['push_vs_fresh']:.2f}/{f['pull_vs_fresh']:.2f}, "
              f"over TCP {f['push_vs_tcp']:.2f}/{f['pull_vs_tcp']:.2f}; same-node shm "
              f"{f['shm_push_mb_per_s']:,.0f}/{f['shm_pull_mb_per_s']:,.0f}, over gRPC "
-             f"{f['shm_push_vs_grpc']:.2f}/{f['shm_pull_vs_grpc']:.2f}; peak RSS shard "
+             f"{f['shm_push_vs_grpc']:.2f}/{f['shm_pull_vs_grpc']:.2f}; Unix socket "
+             f"{f['unix_push_mb_per_s']:,.0f}/{f['unix_pull_mb_per_s']:,.0f}, over loopback "
+             f"TCP {f['unix_push_vs_tcp_loopback']:.2f}/{f['unix_pull_vs_tcp_loopback']:.2f}; "
+             f"peak RSS shard "
              f"{f['shard_hwm_bytes'] / MB:,.0f} MB, client {f['client_hwm_bytes'] / MB:,.0f} MB)"
              for k, f in per_size.items()]
     summary = "; ".join(parts) + (f"; worst ratio over bare gRPC {worst_bare:.2f} (goal >= 0.9), "

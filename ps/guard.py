@@ -9,13 +9,34 @@ reflection), before any byte of the request is parsed:
     missing or wrong: UNAUTHENTICATED, nothing else runs. The principal it
     proves is worked out here once and travels with the call: the method
     gets a `Call` (gRPC's context, and the principal) for its context;
- 2. the call takes a slot of the shard's and of its peer's caps (the peer
-    is the authenticated principal, or the caller's host without
-    credentials); beyond either: RESOURCE_EXHAUSTED with the cap named;
+ 2. the call takes a slot of its class and of its peer's cap (the peer is
+    the authenticated principal, or the caller's host without credentials);
+    beyond either: RESOURCE_EXHAUSTED with the cap named. The job's calls
+    to ParameterServer (its workers', its driver's; any caller's on a
+    server that asks for no credentials) take the slots reserved for them,
+    every other call (health, reflection, other principals) one of a small
+    cap of its own (ps/limits.py);
  3. a request that its deserializer cannot parse ends the call with
     INVALID_ARGUMENT and the reason, never gRPC's INTERNAL.
 And after the method: a TowerpsError it raised ends the call with its
 status code (ps/transport.py's STATUS_CODES), so no method maps its own.
+
+No caller without credentials holds a thread. The authentication runs on
+gRPC's serving thread (this interceptor), with the call's headers, before
+any body has come; what it returns decides how gRPC reads the call. For a
+handler that takes one request (unary), gRPC Python holds a pool thread
+until the whole request has arrived and only then runs the handler, so a
+caller who sends headers and never a body would hold that thread for as
+long as it likes. So every call the door does not vouch for is served by a
+handler that takes a request *stream*, which gRPC runs at once: a refusal
+reads nothing and ends the call there and then; a call outside the job's
+class takes its slot first, then reads its one request, and ends if that
+does not come within `ShardLimits.body_s`. The wire is unchanged (a unary
+call is a stream of one message each way), so the same clients work. The
+job's own unary calls (SharedPush, SharedPull, SharedPushPull, Status, a
+Pull's request) keep gRPC's unary handling, the cheaper one on the
+measured same-node path: their callers showed the job's credentials in
+their headers before gRPC waits for their small bodies.
 
 The authentication runs on gRPC's serving thread (the interceptor), the rest
 on the call's pool thread.
@@ -31,8 +52,8 @@ from google.protobuf.message import DecodeError
 
 from towerps.auth import Authenticator, Principal
 from towerps.errors import AccessDenied, BadRequest, NotAuthenticated
-from towerps.ps.limits import CallSlots, ShardLimits
-from towerps.ps.transport import ANSWERED, abort
+from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits
+from towerps.ps.transport import ANSWERED, METHOD, abort
 
 
 class Call:
@@ -88,6 +109,7 @@ class Guard(grpc.ServerInterceptor):
     def __init__(self, auth: Authenticator | None, limits: ShardLimits):
         self._auth = auth
         self.slots = CallSlots(limits)
+        self._bodies = IdleWatch(limits.body_s)  # calls outside the job's, awaiting a request
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -100,28 +122,39 @@ class Guard(grpc.ServerInterceptor):
                 return _refusal(handler, NotAuthenticated(
                     "no valid credentials: send the job's token as 'authorization: Bearer "
                     "<token>' (the run directory's token file names where it is)"))
-        return _guarded(handler, self.slots, principal)
+        if handler_call_details.method.startswith(METHOD) and _of_the_job(principal):
+            return _guarded(handler, self.slots, principal)
+        return _bounded(handler, self.slots, principal, self._bodies)
+
+
+def _of_the_job(principal: Principal | None) -> bool:
+    """Whether a caller's ParameterServer calls take the job's reserved
+    slots: a worker's and the driver's ("job"); with no credentials asked
+    (None), any caller's."""
+    return principal is None or principal.rank is not None or principal.name == "job"
 
 
 def _refusal(handler, err: NotAuthenticated):
-    """A handler of `handler`'s shape that reads nothing and ends the call with `err`."""
+    """A handler of `handler`'s reply shape that takes a request stream (so
+    gRPC runs it at once, with no request come), reads nothing and ends the
+    call with `err`."""
 
-    def refuse(request, context):
+    def refuse(requests, context):
         abort(context, err)
 
-    def refuse_stream(request, context):
+    def refuse_stream(requests, context):
         abort(context, err)
         yield  # a generator, as a streaming reply's behavior must be
 
-    return _shaped(handler, refuse, refuse_stream, request_deserializer=None)
+    return _shaped(handler, refuse, refuse_stream, request_deserializer=None,
+                   request_streaming=True)
 
 
 def _guarded(handler, slots: CallSlots, principal: Principal | None):
-    """`handler` with its behavior run inside a call slot, given a Call for
-    its context, its requests parsed safely and its TowerpsErrors answered
-    with their status codes."""
-    behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary \
-        or handler.stream_stream
+    """`handler` with its behavior run inside a call slot of the job's, given
+    a Call for its context, its requests parsed safely and its TowerpsErrors
+    answered with their status codes."""
+    behavior = _behavior(handler)
     requests = _checked_stream if handler.request_streaming else _checked_request
 
     def run(request, context):
@@ -141,13 +174,74 @@ def _guarded(handler, slots: CallSlots, principal: Principal | None):
     return _shaped(handler, run, run_stream, _safe(handler.request_deserializer))
 
 
+def _bounded(handler, slots: CallSlots, principal: Principal | None, bodies: IdleWatch):
+    """`handler` for a call outside the job's: served as a request stream
+    (gRPC runs it at once), it takes one of the others' slots before it
+    reads anything, and each request it waits for longer than `bodies`
+    allows ends the call. Otherwise as `_guarded`."""
+    behavior = _behavior(handler)
+    unary = not handler.request_streaming
+
+    def requests_of(stream, context):
+        requests = _deadlined(stream, bodies, context)
+        if not unary:
+            return requests
+        request = next(requests, None)
+        if request is None:
+            raise BadRequest("the call ended before its request came")
+        return request
+
+    def run(stream, context):
+        try:
+            with slots.admit(_peer(principal, context), reserved=False):
+                return behavior(requests_of(stream, context), Call(context, principal))
+        except ANSWERED as err:
+            abort(context, err)
+
+    def run_stream(stream, context):
+        try:
+            with slots.admit(_peer(principal, context), reserved=False):
+                yield from behavior(requests_of(stream, context), Call(context, principal))
+        except ANSWERED as err:
+            abort(context, err)
+
+    return _shaped(handler, run, run_stream, _safe(handler.request_deserializer),
+                   request_streaming=True)
+
+
+def _deadlined(stream, bodies: IdleWatch, context):
+    """The parsed requests of `stream`; a wait for one beyond the watch's
+    time cancels the call (which ends this iteration with gRPC's RpcError)."""
+    iterator = iter(stream)
+    while True:
+        watched = bodies.track(context.cancel)
+        watched.peer_turn()
+        try:
+            request = next(iterator, None)
+        finally:
+            watched.done()
+        if request is None:
+            return
+        yield _checked_request(request)
+
+
+def _behavior(handler):
+    return handler.unary_unary or handler.unary_stream or handler.stream_unary \
+        or handler.stream_stream
+
+
 def _peer(principal: Principal | None, context) -> str:
     """Whose cap a call counts against: its principal's, or its host's."""
     return principal.name if principal is not None else _host(context.peer())
 
 
-def _shaped(handler, unary_reply, stream_reply, request_deserializer):
-    kind = (handler.request_streaming, handler.response_streaming)
+def _shaped(handler, unary_reply, stream_reply, request_deserializer,
+            request_streaming: bool | None = None):
+    """A handler of `handler`'s shape (`request_streaming`: of that request
+    shape instead) whose behavior is `unary_reply` or `stream_reply`."""
+    if request_streaming is None:
+        request_streaming = handler.request_streaming
+    kind = (request_streaming, handler.response_streaming)
     make = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,

@@ -5,14 +5,21 @@
     slots = CallSlots(limits)
     with slots.admit(peer="worker 3"):     # Overloaded beyond the caps
         ...
+    with slots.admit(peer="ipv4:127.0.0.1", reserved=False):   # health, reflection, tools
+        ...
     watch = IdleWatch(limits.idle_stream_s)
     stream = watch.track(cancel=context.cancel)
     stream.peer_turn(); ...; stream.our_turn(); ...; stream.done()
 
-Every wait a caller can ask for is clamped to `max_wait_s`; every call holds
-one of `max_calls` slots on its shard and one of `max_calls_per_peer` slots
-of its peer (an authenticated principal, or the caller's host), so no peer
-can take the server's threads; a stream whose peer moves no bytes for
+Every wait a caller can ask for is clamped to `max_wait_s`. The job's own
+calls (its workers' and its driver's, to ParameterServer) hold one of
+`max_calls` slots on their shard, reserved for them; every other call
+(health, reflection, a tool's Status) one of `max_other_calls`, so that
+callers outside the job can never take the workers' slots or threads. Each
+call also holds one of `max_calls_per_peer` slots of its peer (an
+authenticated principal, or the caller's host), so no peer can take a
+class's slots; a request body that does not come within `body_s` ends
+its call (ps/guard.py), and a stream whose peer moves no bytes for
 `idle_stream_s` is cancelled by the watch, which frees its thread. Plain
 Python: the servicer passes gRPC's `context.cancel` in. The caps are stage
 2 of a call's checks, a pull's wait stage 5 (ps/pipeline.py has them all).
@@ -34,20 +41,29 @@ from towerps.errors import BadRequest, ConfigError, Overloaded
 @dataclass(frozen=True)
 class ShardLimits:
     max_wait_s: float = 3600.0  # longest pull or ssp-gate wait a caller may ask for
-    max_calls: int = 64  # calls in flight on one shard
+    max_calls: int = 64  # the job's calls in flight on one shard (workers', the driver's)
     max_calls_per_peer: int = 8  # ... from one peer (a worker holds a push and a pull)
     idle_stream_s: float = 60.0  # a stream whose peer sends or reads nothing this long ends
+    max_other_calls: int = 8  # every other call in flight: health, reflection, tools
+    body_s: float = 10.0  # such a call whose request does not come this long ends
 
     def __post_init__(self):
-        for name in ("max_wait_s", "idle_stream_s"):
+        for name in ("max_wait_s", "idle_stream_s", "body_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"ShardLimits.{name} must be a positive number, got {value}")
-        if self.max_calls < 1 or self.max_calls_per_peer < 1:
+        if min(self.max_calls, self.max_calls_per_peer, self.max_other_calls) < 1:
             raise ConfigError(
                 f"ShardLimits caps must be at least 1, got max_calls={self.max_calls}, "
-                f"max_calls_per_peer={self.max_calls_per_peer}"
+                f"max_calls_per_peer={self.max_calls_per_peer}, "
+                f"max_other_calls={self.max_other_calls}"
             )
+
+    @property
+    def max_threads(self) -> int:
+        """Threads a shard's server needs: one per call of either class in
+        flight, and a few more that answer refusals while every slot is taken."""
+        return self.max_calls + self.max_other_calls + 8
 
     def for_workers(self, num_workers: int) -> ShardLimits:
         """Room for every worker's push and pull, plus the driver's and probes' calls."""
@@ -66,44 +82,59 @@ def checked_wait(timeout_s: float, max_wait_s: float) -> float:
 
 
 class CallSlots:
-    """Counts calls in flight, per shard and per peer. Thread-safe."""
+    """Counts calls in flight, per class (the job's reserved slots, and the
+    others') and per peer. Thread-safe."""
 
     def __init__(self, limits: ShardLimits):
         self._limits = limits
         self._lock = threading.Lock()
-        self._total = 0
+        self._total = 0  # the job's calls
+        self._others = 0  # everyone else's
         self._per_peer: Counter[str] = Counter()
 
     @contextmanager
-    def admit(self, peer: str) -> Iterator[None]:
-        """Hold one slot for the body; Overloaded (nothing held) beyond a cap."""
+    def admit(self, peer: str, reserved: bool = True) -> Iterator[None]:
+        """Hold one slot for the body, of the job's reserved slots or (not
+        `reserved`) of the others'; Overloaded (nothing held) beyond a cap."""
         limits = self._limits
         with self._lock:
-            if self._total >= limits.max_calls:
+            if reserved and self._total >= limits.max_calls:
                 raise Overloaded(
-                    f"the shard has {self._total} calls in flight, its cap is "
+                    f"the shard has {self._total} calls of its job in flight, its cap is "
                     f"{limits.max_calls}; retry later"
+                )
+            if not reserved and self._others >= limits.max_other_calls:
+                raise Overloaded(
+                    f"the shard has {self._others} calls in flight that are not its "
+                    f"workers', its cap for those is {limits.max_other_calls}; retry later"
                 )
             if self._per_peer[peer] >= limits.max_calls_per_peer:
                 raise Overloaded(
                     f"{peer} has {self._per_peer[peer]} calls in flight on this shard, "
                     f"the cap per peer is {limits.max_calls_per_peer}; finish or cancel some"
                 )
-            self._total += 1
+            self._count(reserved, 1)
             self._per_peer[peer] += 1
         try:
             yield
         finally:
             with self._lock:
-                self._total -= 1
+                self._count(reserved, -1)
                 self._per_peer[peer] -= 1
                 if not self._per_peer[peer]:
                     del self._per_peer[peer]
 
+    def _count(self, reserved: bool, change: int) -> None:
+        if reserved:
+            self._total += change
+        else:
+            self._others += change
+
     @property
     def in_flight(self) -> int:
+        """Calls in flight of both classes."""
         with self._lock:
-            return self._total
+            return self._total + self._others
 
 
 class _Stream:

@@ -17,8 +17,11 @@ and within the contribution rule (a value too large to sum safely).
  1 authenticate ps/guard.py (gRPC's thread)  UNAUTHENTICATED: no valid bearer token.
                                              Passes on the call's Principal (guard.Call),
                                              worked out once for every later stage
- 2 admit        ps/guard.py, ps/limits.py    RESOURCE_EXHAUSTED: beyond the shard's or the
-                                             peer's (principal, or host) cap of calls
+ 2 admit        ps/guard.py, ps/limits.py    RESOURCE_EXHAUSTED: beyond the cap of the
+                                             call's class (the job's reserved slots, or the
+                                             others' few) or its peer's (principal, or
+                                             host); CANCELLED: a call outside the job's
+                                             whose request does not come within body_s
  3 parse        src/towerps/codec.py         INVALID_ARGUMENT: a message that is not
                 (ps/guard.py: protobuf's)    protobuf, or beyond the bounds of fields, chunks
                                              and dimensions (each message, as it arrives)

@@ -151,7 +151,9 @@ def create_server(
     credentials: ShardCredentials | None = None,
     same_node: str | None = None,
 ):
-    """Start a gRPC server for `shard` on `address` (port 0: any free port).
+    """Start a gRPC server for `shard` on `address` (port 0: any free port;
+    `unix:PATH`: a Unix domain socket, whose directory's permissions say
+    who may connect, and the port returned is 1).
 
     `same_node`: the run's segment prefix (src/towerps/shm.py): workers on
     this node may then pass tensors through their shared-memory segments;
@@ -162,8 +164,12 @@ def create_server(
     port is mutual TLS with the job's CA. Without them the server only binds loopback addresses
     (127.0.0.0/8, tests and benchmarks): a shard reachable from the network
     always checks credentials. Each call in flight holds one thread; beyond
-    `limits.max_calls` (or its peer's cap) calls are refused, never queued.
-    Also serves grpc.health.v1 and server reflection, behind the same door.
+    its class's cap (`limits.max_calls` for the job's calls,
+    `limits.max_other_calls` for the rest) or its peer's, calls are
+    refused, never queued; a call without valid credentials is refused
+    before its request has come (ps/guard.py). Also serves grpc.health.v1
+    and server reflection (grpcio's own services), behind the same door and
+    in the others' class: a stranger gets no more of them than of Status.
     """
     limits = limits or ShardLimits()
     if credentials is None and not _is_loopback(address):
@@ -173,12 +179,14 @@ def create_server(
         )
     guard = Guard(Authenticator(credentials.secret) if credentials else None, limits)
     server = grpc.server(
-        # Threads beyond the cap answer refusals while every slot is taken;
-        # gRPC itself refuses calls beyond that (RESOURCE_EXHAUSTED).
-        futures.ThreadPoolExecutor(max_workers=limits.max_calls + 8, thread_name_prefix="shard"),
+        # A thread for every slot of both classes, and a few that answer
+        # refusals while every slot is taken. No maximum_concurrent_rpcs: gRPC
+        # would count calls it has not yet shown the door (and refusals on
+        # their way out) against one limit for all, so that strangers could
+        # make it refuse the workers; the door's caps bound the calls instead.
+        futures.ThreadPoolExecutor(max_workers=limits.max_threads, thread_name_prefix="shard"),
         interceptors=[guard],
         options=(*GRPC_OPTIONS, *SERVER_OPTIONS),
-        maximum_concurrent_rpcs=limits.max_calls + 8,
     )
     servicer = ParameterServerServicer(shard, limits, guard.slots, same_node)
     server.add_generic_rpc_handlers((_handlers(servicer),))
@@ -217,6 +225,10 @@ def add_standard_services(server: grpc.Server) -> None:
 
 
 def _is_loopback(address: str) -> bool:
+    """Whether `address` is reachable from this machine only: a loopback
+    host, or a Unix domain socket (unix:PATH)."""
+    if address.startswith("unix:"):
+        return True
     host = address.rsplit(":", 1)[0].strip("[]")
     return host.startswith("127.") or host in ("localhost", "::1")
 

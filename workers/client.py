@@ -24,8 +24,12 @@ SharedPull, SharedPushPull). Pushes as another rank than `same_node.rank`
 
 Transient failures are retried with exponential backoff up to
 `max_attempts`: UNAVAILABLE (a shard restarting or not yet listening) for
-every call, DEADLINE_EXCEEDED for pushes. A repeated push is safe: it
-names (worker_rank, step), and shards apply each (worker_rank, step) once.
+every call, DEADLINE_EXCEEDED for pushes. A shard at its call caps
+(RESOURCE_EXHAUSTED) is a reason to wait, never the end of a job: such a
+call is retried with bounded exponential backoff and jitter until its own
+deadline has passed (those retries do not count against `max_attempts`),
+and only then raises Overloaded. A repeated push is safe: it names
+(worker_rank, step), and shards apply each (worker_rank, step) once.
 Anything else surfaces as the towerps error of its status code
 (ps/transport.py's `error_of`). Thread-safe.
 
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,7 +64,7 @@ import grpc.experimental
 import numpy as np
 
 from towerps.auth import Credentials, bearer
-from towerps.errors import ConfigError, ShardUnavailable
+from towerps.errors import ConfigError, Overloaded, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.placement import PlacementPlan
@@ -78,6 +83,10 @@ PUSH_PULL = ("combined", "separate")  # --push-pull: PushPull per step, or Push 
 # A call that waits for a version gets this much longer than its timeout_s:
 # the shard answers DEADLINE_EXCEEDED itself, with its reason, before gRPC does.
 _ANSWER_MARGIN_S = 10.0
+# Waits between retries of a call a shard refused at its caps: doubling from
+# the client's backoff_s up to this, each with jitter, so that many workers
+# refused together do not come back together.
+_MAX_OVERLOAD_BACKOFF_S = 2.0
 
 
 class PushPullResult(NamedTuple):
@@ -200,8 +209,8 @@ class PSClient:
 
         def pull_one(k: int) -> ShardReply:
             carrier = self._carrier(k)
-            return self._call(k, lambda: carrier.pull(request, timeout_s + _ANSWER_MARGIN_S),
-                              _RETRY_ALWAYS)
+            call_s = timeout_s + _ANSWER_MARGIN_S
+            return self._call(k, lambda: carrier.pull(request, call_s), _RETRY_ALWAYS, call_s)
 
         return self._joined(self._fan_out(pull_one))
 
@@ -269,7 +278,7 @@ class PSClient:
                 )
                 return carrier.push(header, per_shard[k], pull, timeout_s)
 
-            return self._call(k, call, retry_on)
+            return self._call(k, call, retry_on, timeout_s)
 
         if shards is not None:
             return [push_one(k) for k in shards]
@@ -301,7 +310,7 @@ class PSClient:
             request = with_log if logs_of is None or k in logs_of else counters
             return self._call(
                 k, lambda: self._stubs[k].Status(request, timeout=30.0, metadata=self._metadata),
-                _RETRY_ALWAYS,
+                _RETRY_ALWAYS, 30.0,
             )
 
         return self._fan_out(ask)
@@ -321,9 +330,13 @@ class PSClient:
         return ShardUnavailable(f"the client of {self._where(k)} was closed "
                                 "while a call was under way (its worker was redirected)")
 
-    def _call(self, k: int, call: Callable[[], object], retry_on: tuple):
-        """Run one RPC against shard k, retrying the codes in `retry_on`."""
-        for attempt in range(self.max_attempts):
+    def _call(self, k: int, call: Callable[[], object], retry_on: tuple, timeout_s: float):
+        """Run one RPC against shard k, retrying the codes in `retry_on` up
+        to max_attempts, and RESOURCE_EXHAUSTED (the shard at its call caps)
+        until `timeout_s`, the call's own deadline, has passed since the first try."""
+        overload = _OverloadBackoff(self.backoff_s, timeout_s)
+        attempt = 0
+        while True:
             if self._closed:
                 raise self._closed_error(k)
             try:
@@ -333,11 +346,25 @@ class PSClient:
                     raise self._closed_error(k) from None
                 raise
             except grpc.RpcError as err:
-                if err.code() in retry_on and attempt + 1 < self.max_attempts:
-                    time.sleep(self.backoff_s * 2**attempt)
+                code = err.code()
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    wait_s = overload.next_wait_s()
+                    if wait_s is None:
+                        raise Overloaded(
+                            f"{self._where(k)} refused this call at its call caps for "
+                            f"{overload.elapsed_s():.1f} s ({overload.refusals} refusals, "
+                            f"the call's deadline is {timeout_s:g} s): {err.details()}; is "
+                            "something else holding its calls (see `towerps status`)?"
+                        ) from None
+                    logger.info("%s is at its call caps (%s); retrying in %.2f s",
+                                self._where(k), err.details(), wait_s)
+                    time.sleep(wait_s)
+                    continue
+                attempt += 1
+                if code in retry_on and attempt < self.max_attempts:
+                    time.sleep(self.backoff_s * 2 ** (attempt - 1))
                     continue
                 raise error_of(err, self._where(k)) from None
-        raise AssertionError("unreachable")
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
         with self._counter_lock:
@@ -360,3 +387,26 @@ class PSClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _OverloadBackoff:
+    """The waits between retries of one call that a shard refuses at its
+    caps: exponential from `first_s` to _MAX_OVERLOAD_BACKOFF_S, each drawn
+    from its upper half (jitter), none past `budget_s` after the first try."""
+
+    def __init__(self, first_s: float, budget_s: float):
+        self._next_s = max(first_s, 0.01)
+        self._start = time.monotonic()
+        self._budget_s = budget_s
+        self.refusals = 0
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._start
+
+    def next_wait_s(self) -> float | None:
+        """How long to wait before the next try; None: the budget is spent."""
+        self.refusals += 1
+        wait_s = self._next_s * random.uniform(0.5, 1.0)
+        self._next_s = min(2 * self._next_s, _MAX_OVERLOAD_BACKOFF_S)
+        left_s = self._budget_s - self.elapsed_s()
+        return None if left_s <= 0 else min(wait_s, left_s)

@@ -145,7 +145,8 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
 def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list[str]:
     """Per shard: pushes/s (the shard's), MB/s in and out and ms per update
     since `before` (with no earlier reading: blank), pulls waiting now."""
-    rows = [f"{'shard':<6}{'address':<22}{'state':<23}{'version':>8}{'pushes/s':>9}"
+    width = max([22] + [len(_shown(s.address)) + 2 for s in shards])
+    rows = [f"{'shard':<6}{'address':<{width}}{'state':<23}{'version':>8}{'pushes/s':>9}"
             f"{'applied':>9}{'dropped':>8}{'refused':>8}{'MB':>7}{'in MB/s':>9}{'out MB/s':>9}"
             f"{'apply ms':>9}{'pulls waiting':>14}"]
     for s in shards:
@@ -159,11 +160,21 @@ def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list
             if updates > 0:
                 apply = f"{1e3 * (s.apply_s - p.apply_s) / updates:.2f}"
         state = "up" if s.up else f"down ({s.error})"
-        rows.append(f"{s.index:<6}{s.address:<22}{state:<23}{s.version:>8}{s.pushes_per_s:>9.1f}"
+        rows.append(f"{s.index:<6}{_shown(s.address):<{width}}{state:<23}{s.version:>8}{s.pushes_per_s:>9.1f}"
                     f"{s.pushes_applied:>9}{s.pushes_dropped:>8}{s.pushes_rejected:>8}"
                     f"{s.parameter_bytes / 1e6:>7.1f}{received:>9}{sent:>9}{apply:>9}"
                     f"{s.pulls_waiting:>14}")
     return rows
+
+
+def _shown(address: str) -> str:
+    """A shard's address as the table shows it: a local job's Unix socket by
+    its place in the run directory (unix:sock/shard-0-4711.sock)."""
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        return "unix:" + os.path.join(os.path.basename(os.path.dirname(path)),
+                                      os.path.basename(path))
+    return address
 
 
 def status(run_dir: str, token_file: str | None = None, watch: bool = False,

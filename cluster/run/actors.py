@@ -49,6 +49,16 @@ def shard_host() -> str:
     return LOOPBACK if alive_nodes() == 1 else ray.util.get_node_ip_address()
 
 
+def shard_address(index: int, sockets=None) -> str:
+    """Where shard `index` listens (port 0: any free one): on a one-node
+    cluster its Unix socket in the run's private directory (`sockets`, a
+    cluster.run.sockets.ShardSockets), else shard_host()'s TCP address."""
+    host = shard_host()
+    if sockets is not None and host == LOOPBACK:
+        return sockets.address(index)
+    return f"{host}:0"
+
+
 def _node_record(role: str, index: int) -> dict:
     context = ray.get_runtime_context()
     return {
@@ -82,7 +92,7 @@ class ShardActor:
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
               mode=None, end_version: int | None = None, state: dict | None = None,
               checkpoints=None, max_examples: int | None = None, credentials=None,
-              same_node: str | None = None) -> dict:
+              same_node: str | None = None, sockets=None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -95,7 +105,9 @@ class ShardActor:
         towerps.auth.ShardCredentials (the job secret, as a method argument:
         never in the actor's constructor or environment); `same_node` the
         run's segment prefix when workers on this node may pass tensors
-        through shared memory (src/towerps/shm.py; None: gRPC only).
+        through shared memory (src/towerps/shm.py; None: gRPC only);
+        `sockets` the run's ShardSockets (cluster/run/sockets.py): on a
+        one-node cluster the shard listens on a Unix socket there (None: TCP).
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter, ShardLayout, checkpoint_key
@@ -129,15 +141,16 @@ class ShardActor:
             self._checkpoints = checkpoints
             self._writer = PartWriter(checkpoints.store, checkpoints.num_shards)
             self._shard.take_checkpoints(checkpoints.every, self._writer)
-        host = shard_host()
+        listen = shard_address(self._index, sockets)
         # Each worker may hold a Push and a waiting Pull at once.
         self._server, port = create_server(
-            self._shard, f"{host}:0", ShardLimits().for_workers(num_workers), credentials,
+            self._shard, listen, ShardLimits().for_workers(num_workers), credentials,
             same_node=same_node,
         )
         self._same_node = same_node
         record = _node_record("ps", self._index)
-        record["address"] = f"{host}:{port}"
+        record["address"] = (listen if listen.startswith("unix:")
+                             else f"{listen.rsplit(':', 1)[0]}:{port}")
         record["parameter_bytes"] = self._shard.parameter_bytes
         record["version"] = self._shard.version  # above 0 when resumed from a checkpoint
         return record

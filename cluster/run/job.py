@@ -6,7 +6,9 @@
 
 `Job.start` reserves one placement-group bundle per node (cluster/run/reservation.py;
 a node that cannot hold its share fails here with what it lacks), starts one
-ShardActor per shard (each serves gRPC on its node's address) and one
+ShardActor per shard (each serves gRPC on its node's address; on a one-node
+cluster on a Unix socket in the run's 0700 `sock` directory instead,
+cluster/run/sockets.py, which no other user of the machine can reach) and one
 WorkerActor per worker, and sets the workers up. `Job.run` runs the workers
 while cluster/run/monitor.py watches the shards' update log, then pulls the
 final parameters. `Job.stop` ends every actor; it is idempotent and safe to
@@ -41,6 +43,7 @@ from towerps.cluster.run.placements import PLACEMENT_FILE, Placement, Placements
 from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
 from towerps.cluster.run.reservation import Reservation, reserve
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
+from towerps.cluster.run.sockets import ShardSockets
 from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
 from towerps.errors import ClusterError
@@ -108,6 +111,7 @@ class Job:
         self.resume_version: int | None = None  # started from this checkpoint
         self._shard_checkpoints_spec: ShardCheckpoints | None = None  # what shards were given
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
+        self.sockets: ShardSockets | None = None  # one node: where the shards' sockets are
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
         self.optimizer: OptimizerSpec | None = None  # what the shards run; set by start()
         self._worker_setup: tuple | None = None  # (WorkerJob, inputs, clipnorm, streamed)
@@ -134,10 +138,13 @@ class Job:
             job.resume_version = resume_version
             if resume_version is not None:
                 sweep_earlier_runs(run_dir)
-            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes(),
+            num_nodes = alive_nodes()
+            job.security = JobSecurity.create(config, run_dir, num_nodes=num_nodes,
                                               resume=resume_version is not None)
             if resume_version is not None:  # its manifest proven before any shard starts
                 job.checkpoints.driver_store(job.security.checkpoint_key).manifest(resume_version)
+            if num_nodes == 1:  # other users of the machine cannot reach the shards
+                job.sockets = ShardSockets.for_run(run_dir)
             job._start_shards(plan.split(payload.initial), payload)
             write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
                                job.addresses, job.security)
@@ -165,7 +172,7 @@ class Job:
                                 num_workers=c.num_workers, mode=c.mode,
                                 end_version=c.end_version, max_examples=c.batch_size,
                                 credentials=self.security.shard,
-                                same_node=self.segment_prefix)
+                                same_node=self.segment_prefix, sockets=self.sockets)
         checkpoints = self._shard_checkpoints()
         records = get([
             shard.start.remote(
@@ -381,6 +388,8 @@ class Job:
         self.reservation.release()
         if self.segment_prefix is not None:  # the shards swept their nodes; this is ours
             sweep(self.segment_prefix)
+        if self.sockets is not None:  # a killed shard's socket file stays behind
+            self.sockets.remove()
 
     def __enter__(self) -> Job:
         return self

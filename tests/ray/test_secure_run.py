@@ -31,8 +31,11 @@ def test_a_tls_run_writes_cluster_json_and_keeps_its_secret_to_the_token_file(ra
     shard_addresses = [p["address"] for p in sorted(summary.placement, key=lambda p: p["index"])
                        if p["role"] == "ps"]
     assert [s["address"] for s in cluster["shards"]] == shard_addresses
-    # One Ray node: the shards open no port to the network.
-    assert all(a.startswith("127.0.0.1:") for a in shard_addresses), shard_addresses
+    # One Ray node: the shards open no port at all, but Unix sockets in the
+    # run's own 0700 directory, which no other user of the machine can enter.
+    socket_dir = run_dir / "sock"
+    assert all(a.startswith(f"unix:{socket_dir}/") for a in shard_addresses), shard_addresses
+    assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
     assert cluster["job_id"] and "BEGIN CERTIFICATE" in cluster["tls"]["ca_pem"]
     token_file = cluster["auth"]["token_file"]
     assert token_file == summary.token_file == str(run_dir / "token")
