@@ -160,7 +160,7 @@ class Bench:
         plan = plan_placement(shapes, k)
         initial = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
         ray.get([s.stop.remote() for s in self.shards])
-        keys = ShardCredentials(self.secret)
+        keys = ShardCredentials(self.secret, num_workers=n)
         records = ray.get([self.shards[i].start.remote(part, "sgd", 1e-6, n, credentials=keys)
                            for i, part in enumerate(plan.split(initial))])
         addresses = [r["address"] for r in records]

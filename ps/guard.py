@@ -1,14 +1,15 @@
 """The door of a shard's gRPC server: stages 1 to 3 of ps/pipeline.py.
 
-    guard = Guard(Authenticator(secret), ShardLimits())   # auth None: no credentials asked
+    guard = Guard(Authenticator(secret, num_workers), ShardLimits())  # auth None: no credentials asked
     server = grpc.server(pool, interceptors=[guard], ...)
 
 For every call to every service of the server (ParameterServer, health,
 reflection), before any byte of the request is parsed:
  1. with an Authenticator, the bearer token is checked (constant time);
-    missing or wrong: UNAUTHENTICATED, nothing else runs. The principal it
-    proves is worked out here once and travels with the call: the method
-    gets a `Call` (gRPC's context, and the principal) for its context;
+    missing or wrong: UNAUTHENTICATED, nothing else runs. A method its role
+    may not call (an observer's Pull, a driver's Push): PERMISSION_DENIED.
+    The principal it proves is worked out here once and travels with the
+    call: the method gets a `Call` (gRPC's context, and the principal);
  2. the call takes a slot of the shard's and of its peer's caps (the peer
     is the authenticated principal, or the caller's host without
     credentials); beyond either: RESOURCE_EXHAUSTED with the cap named;
@@ -100,10 +101,14 @@ class Guard(grpc.ServerInterceptor):
                 return _refusal(handler, NotAuthenticated(
                     "no valid credentials: send the job's token as 'authorization: Bearer "
                     "<token>' (the run directory's token file names where it is)"))
+            if not principal.may_call(handler_call_details.method):
+                return _refusal(handler, AccessDenied(
+                    f"the {principal.name} credential may not call "
+                    f"{handler_call_details.method}"))
         return _guarded(handler, self.slots, principal)
 
 
-def _refusal(handler, err: NotAuthenticated):
+def _refusal(handler, err: AccessDenied):
     """A handler of `handler`'s shape that reads nothing and ends the call with `err`."""
 
     def refuse(request, context):

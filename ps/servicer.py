@@ -171,7 +171,8 @@ def create_server(
             f"a shard on {address} would accept calls from the network without "
             "credentials; pass the job secret (or bind 127.0.0.1)"
         )
-    guard = Guard(Authenticator(credentials.secret) if credentials else None, limits)
+    guard = Guard(Authenticator(credentials.secret, credentials.num_workers) if credentials
+                  else None, limits)
     server = grpc.server(
         # Threads beyond the cap answer refusals while every slot is taken;
         # gRPC itself refuses calls beyond that (RESOURCE_EXHAUSTED).

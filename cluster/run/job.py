@@ -133,7 +133,8 @@ class Job:
             job.resume_version = resume_version
             if resume_version is not None:
                 sweep_earlier_runs(run_dir)
-            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes())
+            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes(),
+                                              resume=resume_version is not None)
             job._start_shards(plan.split(payload.initial), payload)
             write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
                                job.addresses, job.security)

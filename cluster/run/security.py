@@ -5,11 +5,13 @@
     worker.setup.remote(..., credentials=security.worker(rank)) # rank r's token only
     PSClient(addresses, plan, credentials=security.driver)
     write_cluster_json(run_dir, job_id, addresses, security)   # once the shards serve
-    addresses, credentials = read_cluster_json(run_dir)        # a tool (towerps status)
+    addresses, credentials = read_cluster_json(run_dir)        # a tool: the observer token
 
 The job secret comes from `--token-file` or is made here and written to
-`<run_dir>/token` (0600); it reaches shards and workers only as Ray method
-arguments. TLS is on with `--tls on`, or with `--tls auto` when the cluster
+`<run_dir>/secret` (0600; `--resume` reads it back); only the driver and
+the shards hold it (towerps/auth.py). Workers get their rank's token, tools
+the observer token in `<run_dir>/token` (0600): Status, health and
+reflection, nothing else. TLS is on with `--tls on`, or with `--tls auto` when the cluster
 has more than one node: the certificates come from `--tls-dir` or from a CA
 made for this job, whose client files go to `<run_dir>/tls/` (the key
 0600). cluster.json names the token file and the client files; it holds
@@ -24,57 +26,82 @@ import time
 from dataclasses import dataclass
 
 from towerps.auth import (
-    Credentials, ShardCredentials, new_job_secret, read_token_file, worker_token,
-    write_token_file,
+    Credentials, ShardCredentials, driver_token, new_job_secret, observer_token,
+    read_observer_token, read_token_file, worker_token, write_token_file,
 )
 from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
+from towerps.private import make_private_dir
 from towerps.tls import (
     SERVER_NAME, TlsMaterial, load_client_tls, load_tls_dir, make_job_tls, write_tls_dir,
 )
 
 CLUSTER_FILE = "cluster.json"
-TOKEN_FILE = "token"
+SECRET_FILE = "secret"  # the job secret: the driver's alone
+TOKEN_FILE = "token"  # the observer token: what tools read
 
 
 @dataclass(frozen=True, repr=False)
 class JobSecurity:
     secret: str
-    token_file: str  # where the secret is (0600): the operator's file, or the run dir's
+    secret_file: str  # where the secret is (0600): the operator's --token-file, or the run dir's
+    observer_file: str  # the run dir's `token` (0600): the observer token that tools read
+    num_workers: int  # worker ranks 0..num_workers-1 (spares take a dead worker's rank)
     tls: TlsMaterial | None
     client_files: dict[str, str]  # with TLS: ca.pem, client.pem, client.key -> path
 
     @classmethod
-    def create(cls, config: TrainConfig, run_dir: str, num_nodes: int) -> JobSecurity:
-        """Read or make the secret and the TLS material; writes the run dir's files."""
-        os.makedirs(run_dir, exist_ok=True)
+    def create(cls, config: TrainConfig, run_dir: str, num_nodes: int,
+               resume: bool = False) -> JobSecurity:
+        """Read or make the secret and the TLS material; writes the run dir's
+        files. `resume`: the secret is the one the run made (its `secret`
+        file), unless --token-file gives it."""
+        make_private_dir(run_dir)
         if config.token_file is not None:
-            secret, token_file = read_token_file(config.token_file), config.token_file
+            secret_file = config.token_file
+            secret = read_token_file(secret_file)
         else:
-            secret, token_file = new_job_secret(), os.path.join(run_dir, TOKEN_FILE)
-            write_token_file(token_file, secret)
+            secret_file = os.path.join(run_dir, SECRET_FILE)
+            secret = _resumed_secret(secret_file) if resume else new_job_secret()
+            write_token_file(secret_file, secret)
+        observer_file = os.path.join(run_dir, TOKEN_FILE)
+        write_token_file(observer_file, observer_token(secret))
         tls, files = None, {}
         if tls_on(config, num_nodes):
             tls = load_tls_dir(config.tls_dir) if config.tls_dir else make_job_tls()
             files = write_tls_dir(os.path.join(run_dir, "tls"), tls)
-        return cls(secret, os.path.abspath(token_file), tls,
-                   {n: os.path.abspath(p) for n, p in files.items()})
+        return cls(secret, os.path.abspath(secret_file), os.path.abspath(observer_file),
+                   config.num_workers, tls, {n: os.path.abspath(p) for n, p in files.items()})
 
     @property
     def shard(self) -> ShardCredentials:
-        return ShardCredentials(self.secret, self.tls)
+        return ShardCredentials(self.secret, self.tls, num_workers=self.num_workers)
 
     @property
     def driver(self) -> Credentials:
-        """The job secret itself: may pull and read Status, never push."""
-        return Credentials(self.secret, self.tls)
+        """The driver's token: may pull and read Status, never push."""
+        return Credentials(driver_token(self.secret), self.tls)
+
+    @property
+    def observer(self) -> Credentials:
+        """The tools' token: Status, health and reflection only."""
+        return Credentials(observer_token(self.secret), self.tls)
 
     def worker(self, rank: int) -> Credentials:
         """Worker `rank`'s token: pushes as that rank only."""
         return Credentials(worker_token(self.secret, rank), self.tls)
 
     def __repr__(self) -> str:
-        return f"JobSecurity(token_file={self.token_file!r}, tls={'on' if self.tls else 'off'})"
+        return (f"JobSecurity(secret_file={self.secret_file!r}, "
+                f"tls={'on' if self.tls else 'off'})")
+
+
+def _resumed_secret(path: str) -> str:
+    if not os.path.lexists(path):
+        raise ConfigError(
+            f"{path} does not exist: the run's job secret is gone, and its checkpoints "
+            "cannot be trusted without it; give the job's secret with --token-file")
+    return read_token_file(path)
 
 
 def tls_on(config: TrainConfig, num_nodes: int) -> bool:
@@ -97,7 +124,7 @@ def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecuri
         "written_at_s": time.time(),
         "shards": [{"index": k, "address": a} for k, a in enumerate(addresses)],
         "auth": {"scheme": "bearer", "metadata_key": "authorization",
-                 "token_file": security.token_file},
+                 "token_file": security.observer_file},
         "tls": tls,
     }
     path = os.path.join(run_dir, CLUSTER_FILE)
@@ -108,10 +135,10 @@ def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecuri
 
 
 def read_cluster_json(run_dir: str, token_file: str | None = None) -> tuple[list[str], Credentials]:
-    """The shards' addresses (by index) and the driver's credentials (the job
-    secret, and the client's TLS files when TLS is on), from a run
-    directory's cluster.json; `token_file` instead of the one it names.
-    Pull and Status only: the job secret never pushes. ConfigError when the
+    """The shards' addresses (by index) and a tool's credentials (the
+    observer token, and the client's TLS files when TLS is on), from a run
+    directory's cluster.json; `token_file` (the observer token, or the job
+    secret) instead of the one it names. Status only. ConfigError when the
     file or a credential cannot be read."""
     path = os.path.join(run_dir, CLUSTER_FILE)
     try:
@@ -125,5 +152,5 @@ def read_cluster_json(run_dir: str, token_file: str | None = None) -> tuple[list
     tls = record["tls"]
     material = None if tls is None else load_client_tls(
         tls["ca_file"], tls["client_cert_file"], tls["client_key_file"])
-    secret = read_token_file(os.path.expanduser(token_file or record["auth"]["token_file"]))
-    return [s["address"] for s in record["shards"]], Credentials(secret, material)
+    token = read_observer_token(os.path.expanduser(token_file or record["auth"]["token_file"]))
+    return [s["address"] for s in record["shards"]], Credentials(token, material)
