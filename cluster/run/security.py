@@ -15,11 +15,15 @@ reflection, nothing else. TLS is on with `--tls on`, or with `--tls auto` when t
 has more than one node: the certificates come from `--tls-dir` or from a CA
 made for this job, whose client files go to `<run_dir>/tls/` (the key
 0600). cluster.json names the token file and the client files; it holds
-the CA certificate (public) but no secret and no key.
+the CA certificate (public) but no secret and no key, and a MAC keyed by
+the observer token: a tool reads it only from a run directory of its
+user's and sends its token only to addresses whose MAC checks.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import time
@@ -31,7 +35,9 @@ from towerps.auth import (
 )
 from towerps.cluster.api.config import TrainConfig
 from towerps.errors import ConfigError
-from towerps.private import make_private_dir
+from towerps.private import (
+    check_private_dir, check_private_file, make_private_dir, write_private_file,
+)
 from towerps.tls import (
     SERVER_NAME, TlsMaterial, load_client_tls, load_tls_dir, make_job_tls, write_tls_dir,
 )
@@ -39,6 +45,7 @@ from towerps.tls import (
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"  # the job secret: the driver's alone
 TOKEN_FILE = "token"  # the observer token: what tools read
+CLUSTER_MAC_CONTEXT = "towerps cluster.json v1\n"  # what cluster.json's MAC signs, first
 
 
 @dataclass(frozen=True, repr=False)
@@ -112,7 +119,8 @@ def tls_on(config: TrainConfig, num_nodes: int) -> bool:
 
 
 def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecurity) -> str:
-    """Where a job's shards listen and how to reach them; no secret, no key."""
+    """Where a job's shards listen and how to reach them, signed with the
+    observer token (`mac`); no secret, no key. 0600, written atomically."""
     tls = None
     if security.tls is not None:
         files = security.client_files
@@ -127,10 +135,9 @@ def write_cluster_json(run_dir: str, job_id: str, addresses, security: JobSecuri
                  "token_file": security.observer_file},
         "tls": tls,
     }
+    record["mac"] = _mac(record, security.observer.token)
     path = os.path.join(run_dir, CLUSTER_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)  # readers never see half a file
+    write_private_file(path, json.dumps(record, indent=2))  # readers never see half a file
     return path
 
 
@@ -138,19 +145,45 @@ def read_cluster_json(run_dir: str, token_file: str | None = None) -> tuple[list
     """The shards' addresses (by index) and a tool's credentials (the
     observer token, and the client's TLS files when TLS is on), from a run
     directory's cluster.json; `token_file` (the observer token, or the job
-    secret) instead of the one it names. Status only. ConfigError when the
-    file or a credential cannot be read."""
+    secret) instead of the one it names. Status only.
+
+    A tool sends its credential only where this returns, so it trusts only
+    what the job wrote: the run directory and cluster.json must be this
+    user's and writable by no one else (UnsafePath), and cluster.json's MAC
+    must check with the observer token, so that a file rewritten by anyone
+    without the token (another address, another job's token file) is
+    refused before any call. ConfigError when the file or a credential
+    cannot be read or does not check."""
+    check_private_dir(run_dir)
     path = os.path.join(run_dir, CLUSTER_FILE)
+    if not os.path.lexists(path):
+        raise ConfigError(
+            f"{path} does not exist: {run_dir!r} is not a towerps run directory, or its shards "
+            "have not started yet; name the run's --run-dir")
+    check_private_file(path)
     try:
         with open(path) as f:
             record = json.load(f)
-    except FileNotFoundError:
+        named = record["auth"]["token_file"]
+    except (ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"{path} is not a cluster.json towerps wrote ({err!r}); name the "
+                          "run's own --run-dir") from None
+    token = read_observer_token(os.path.expanduser(token_file or named))
+    if not (isinstance(record.get("mac"), str)
+            and hmac.compare_digest(record["mac"], _mac(record, token))):
         raise ConfigError(
-            f"{path} does not exist: {run_dir!r} is not a towerps run directory, or its shards "
-            "have not started yet; name the run's --run-dir"
-        ) from None
+            f"{path} does not check with the job's observer token: it was changed after the "
+            "job wrote it, or names another job's token file. No call is made to the "
+            "addresses in it; name the run's own token file (--token-file), or let the job "
+            "write it again")
     tls = record["tls"]
     material = None if tls is None else load_client_tls(
         tls["ca_file"], tls["client_cert_file"], tls["client_key_file"])
-    token = read_observer_token(os.path.expanduser(token_file or record["auth"]["token_file"]))
     return [s["address"] for s in record["shards"]], Credentials(token, material)
+
+
+def _mac(record: dict, observer_token: str) -> str:
+    """HMAC-SHA256 of `record` (but its "mac"), keyed by the observer token."""
+    fields = {k: v for k, v in record.items() if k != "mac"}
+    text = CLUSTER_MAC_CONTEXT + json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hmac.new(observer_token.encode(), text.encode(), hashlib.sha256).hexdigest()
