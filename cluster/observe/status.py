@@ -2,14 +2,14 @@
 
     towerps status runs/fm                 # one table; exit 1 if a shard or worker is down
     towerps status runs/fm --watch         # refresh every --interval-s until Ctrl-C
-    towerps status runs/fm --token-file F  # another job secret than cluster.json names
+    towerps status runs/fm --token-file F  # an observer token (or job secret) of your own
 
 Works from any terminal of the machine that holds the run directory (on a
 cluster: the head node, where the driver writes it). Two sources:
 
   shards   asked directly over gRPC (Status), at the addresses in the run's
-           cluster.json, with the job's credentials (its token file and, with
-           TLS, its client certificate): version, pushes applied per second,
+           cluster.json, with the job's observer token (its token file) and,
+           with TLS, its client certificate: version, pushes applied per second,
            late (dropped) and refused pushes, the bytes each holds, MB/s of
            pushes in and pulls out, ms per optimizer update, pulls waiting;
   workers  workers.json, which the driver rewrites about every second with
