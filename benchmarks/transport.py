@@ -128,7 +128,8 @@ def serve_shard(args) -> None:
     shard = Shard(0, variables, make_optimizer("sgd", 1e-3), num_workers=1)
     del variables
     secret, tls = _secrets(args)
-    server, port = create_server(shard, "127.0.0.1:0", credentials=ShardCredentials(secret, tls, num_workers=1),
+    server, port = create_server(shard, "127.0.0.1:0",
+                                 credentials=ShardCredentials(secret, tls, num_workers=1),
                                  same_node=args.segment_prefix)
     bare, bare_port = _bare_server()
     listener = socket.create_server(("127.0.0.1", 0))

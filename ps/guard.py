@@ -1,6 +1,7 @@
 """The door of a shard's gRPC server: stages 1 to 3 of ps/pipeline.py.
 
-    guard = Guard(Authenticator(secret, num_workers), ShardLimits())  # auth None: no credentials asked
+    guard = Guard(Authenticator(secret, num_workers), ShardLimits())
+    # (auth None: no credentials asked)
     server = grpc.server(pool, interceptors=[guard], ...)
 
 For every call to every service of the server (ParameterServer, health,

@@ -123,7 +123,8 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     `before`: the previous reading, for the traffic and apply time since."""
     finished = bool(workers and workers.get("finished"))
     silent = bool(workers) and not finished and now_s - workers["updated_at_s"] > SILENT_S
-    died = [printable(w["rank"]) for w in (workers or {}).get("workers", []) if not w.get("alive", False)]
+    died = [printable(w["rank"]) for w in (workers or {}).get("workers", [])
+            if not w.get("alive", False)]
     ended = f"  (ended: worker {', '.join(map(str, died))} died)" if died else "  (finished)"
     lines = [f"run {printable(run_dir)}" + (ended if finished else "")]
     lines += _shard_rows(shards, {s.index: s for s in before or []})
@@ -168,7 +169,8 @@ def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list
             if updates > 0:
                 apply = f"{1e3 * (s.apply_s - p.apply_s) / updates:.2f}"
         state = "up" if s.up else f"down ({s.error})"
-        rows.append(f"{s.index:<6}{printable(s.address):<22}{state:<23}{s.version:>8}{s.pushes_per_s:>9.1f}"
+        rows.append(f"{s.index:<6}{printable(s.address):<22}{state:<23}{s.version:>8}"
+                    f"{s.pushes_per_s:>9.1f}"
                     f"{s.pushes_applied:>9}{s.pushes_dropped:>8}{s.pushes_rejected:>8}"
                     f"{s.parameter_bytes / 1e6:>7.1f}{received:>9}{sent:>9}{apply:>9}"
                     f"{s.pulls_waiting:>14}")
