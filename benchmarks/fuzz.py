@@ -71,7 +71,7 @@ def serve_shard(token_file: str, segment_prefix: str) -> None:
     variables = {n: rng.standard_normal(s).astype(np.float32) for n, s in VARIABLES.items()}
     shard = Shard(0, variables, make_optimizer("sgd", 0.1), num_workers=2,
                   max_examples=GLOBAL_BATCH)
-    credentials = ShardCredentials(read_token_file(token_file))
+    credentials = ShardCredentials(read_token_file(token_file), num_workers=2)
     server, port = create_server(shard, "127.0.0.1:0", ShardLimits(idle_stream_s=5.0), credentials,
                                  same_node=segment_prefix)
     print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
@@ -86,7 +86,9 @@ class ShardProcess:
     def __init__(self):
         import grpc
 
-        from towerps.auth import bearer, new_job_secret, worker_token, write_token_file
+        from towerps.auth import (
+            bearer, driver_token, new_job_secret, worker_token, write_token_file,
+        )
         from towerps.ps.memory import SHARD_PROCESS_ENV
         from towerps.shm import new_run_prefix
 
@@ -104,7 +106,7 @@ class ShardProcess:
         self.pid = ready["pid"]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{ready['port']}")
         self.worker = bearer(worker_token(secret, 0))
-        self.driver = bearer(secret)
+        self.driver = bearer(driver_token(secret))
         self.segments, self.shared = self._segments()
 
     def _segments(self):

@@ -153,14 +153,14 @@ class Bench:
         """Run one configuration; step times from shard 0's log, and CPU seconds used."""
         import numpy as np
 
-        from towerps.auth import Credentials, ShardCredentials, worker_token
+        from towerps.auth import Credentials, ShardCredentials, driver_token, worker_token
         from towerps.ps.placement import plan_placement
         from towerps.workers.client import PSClient
 
         plan = plan_placement(shapes, k)
         initial = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
         ray.get([s.stop.remote() for s in self.shards])
-        keys = ShardCredentials(self.secret)
+        keys = ShardCredentials(self.secret, num_workers=n)
         records = ray.get([self.shards[i].start.remote(part, "sgd", 1e-6, n, credentials=keys)
                            for i, part in enumerate(plan.split(initial))])
         addresses = [r["address"] for r in records]
@@ -178,7 +178,8 @@ class Bench:
         worker_cpu = ray.get([self.workers[r].run.remote(steps) for r in range(n)])
         wall = time.perf_counter() - t0
         shard_cpu = [common.cpu_seconds(p) - b for p, b in zip(shard_pids, cpu_before)]
-        with PSClient(addresses, plan, credentials=Credentials(self.secret)) as client:
+        driver = Credentials(driver_token(self.secret))
+        with PSClient(addresses, plan, credentials=driver) as client:
             applied = [s.applied_at_s for s in client.status(since_version=0)[0].steps]
         # Each shard's peak RSS during this configuration, beside the bytes it holds.
         peak = [common.proc_status_bytes("VmHWM", p) if reset else None for p in shard_pids]

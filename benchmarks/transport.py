@@ -136,7 +136,8 @@ def serve_shard(args) -> None:
     shard = Shard(0, variables, make_optimizer("sgd", 1e-3), num_workers=1)
     del variables
     secret, tls = _secrets(args)
-    server, port = create_server(shard, "127.0.0.1:0", credentials=ShardCredentials(secret, tls),
+    server, port = create_server(shard, "127.0.0.1:0",
+                                 credentials=ShardCredentials(secret, tls, num_workers=1),
                                  same_node=args.segment_prefix)
     # The same shard behind a second server, on a Unix socket in a 0700 directory.
     unix_server, _ = create_server(shard, args.unix_address,

@@ -1,12 +1,15 @@
 """The door of a shard's gRPC server: stages 1 to 3 of ps/pipeline.py.
 
-    guard = Guard(Authenticator(secret), ShardLimits())   # auth None: no credentials asked
+    guard = Guard(Authenticator(secret, num_workers), ShardLimits())
+    # (auth None: no credentials asked)
     server = grpc.server(pool, interceptors=[guard], ...)
 
 For every call to every service of the server (ParameterServer, health,
 reflection), before any byte of the request is parsed:
  1. with an Authenticator, the bearer token is checked (constant time);
-    missing or wrong: UNAUTHENTICATED, nothing else runs. The principal it
+    missing or wrong: UNAUTHENTICATED, nothing else runs. A method its role
+    may not call (an observer's Pull, a driver's Push): PERMISSION_DENIED.
+    The principal it
     proves is worked out here once and travels with the call: the method
     gets a `Call` (gRPC's context, and the principal) for its context;
  2. the call takes a slot of its class and of its peer's cap (the peer is
@@ -122,6 +125,10 @@ class Guard(grpc.ServerInterceptor):
                 return _refusal(handler, NotAuthenticated(
                     "no valid credentials: send the job's token as 'authorization: Bearer "
                     "<token>' (the run directory's token file names where it is)"))
+            if not principal.may_call(handler_call_details.method):
+                return _refusal(handler, AccessDenied(
+                    f"the {principal.name} credential may not call "
+                    f"{handler_call_details.method}"))
         if handler_call_details.method.startswith(METHOD) and _of_the_job(principal):
             return _guarded(handler, self.slots, principal)
         return _bounded(handler, self.slots, principal, self._bodies)
@@ -129,12 +136,12 @@ class Guard(grpc.ServerInterceptor):
 
 def _of_the_job(principal: Principal | None) -> bool:
     """Whether a caller's ParameterServer calls take the job's reserved
-    slots: a worker's and the driver's ("job"); with no credentials asked
+    slots: a worker's and the driver's; with no credentials asked
     (None), any caller's."""
-    return principal is None or principal.rank is not None or principal.name == "job"
+    return principal is None or principal.role in ("worker", "driver")
 
 
-def _refusal(handler, err: NotAuthenticated):
+def _refusal(handler, err: AccessDenied):
     """A handler of `handler`'s reply shape that takes a request stream (so
     gRPC runs it at once, with no request come), reads nothing and ends the
     call with `err`."""

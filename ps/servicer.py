@@ -177,7 +177,8 @@ def create_server(
             f"a shard on {address} would accept calls from the network without "
             "credentials; pass the job secret (or bind 127.0.0.1)"
         )
-    guard = Guard(Authenticator(credentials.secret) if credentials else None, limits)
+    guard = Guard(Authenticator(credentials.secret, credentials.num_workers) if credentials
+                  else None, limits)
     server = grpc.server(
         # A thread for every slot of both classes, and a few that answer
         # refusals while every slot is taken. No maximum_concurrent_rpcs: gRPC

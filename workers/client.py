@@ -34,8 +34,8 @@ Anything else surfaces as the towerps error of its status code
 (ps/transport.py's `error_of`). Thread-safe.
 
 Credentials (towerps/auth.py): every call carries their token (a worker's
-own rank token, or the job secret for the driver) as `authorization:
-Bearer` metadata, and with their TLS material the channels are mutual TLS
+own rank token, the driver's, or a tool's observer token) as
+`authorization: Bearer` metadata, and with their TLS material the channels are mutual TLS
 with the job's CA; None: neither (shards bound to loopback, in tests).
 A shard that refuses them surfaces as AccessDenied.
 

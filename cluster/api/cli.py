@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--interval-s", type=float, default=2.0,
                        help="seconds between readings (default 2)")
     watch.add_argument("--token-file", default=None,
-                       help="the job secret, if not the token file cluster.json names")
+                       help="the observer token (or the job secret), if not the token file "
+                       "cluster.json names")
 
     bench = commands.add_parser(
         "bench", help="run one of the checkout's benchmarks (benchmarks/NAME.py); writes its JSON")

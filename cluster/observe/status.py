@@ -2,14 +2,14 @@
 
     towerps status runs/fm                 # one table; exit 1 if a shard or worker is down
     towerps status runs/fm --watch         # refresh every --interval-s until Ctrl-C
-    towerps status runs/fm --token-file F  # another job secret than cluster.json names
+    towerps status runs/fm --token-file F  # an observer token (or job secret) of your own
 
 Works from any terminal of the machine that holds the run directory (on a
 cluster: the head node, where the driver writes it). Two sources:
 
   shards   asked directly over gRPC (Status), at the addresses in the run's
-           cluster.json, with the job's credentials (its token file and, with
-           TLS, its client certificate): version, pushes applied per second,
+           cluster.json, with the job's observer token (its token file) and,
+           with TLS, its client certificate: version, pushes applied per second,
            late (dropped) and refused pushes, the bytes each holds, MB/s of
            pushes in and pulls out, ms per optimizer update, pulls waiting;
   workers  workers.json, which the driver rewrites about every second with
@@ -20,6 +20,13 @@ cluster: the head node, where the driver writes it). Two sources:
 A component is down when a shard does not answer or refuses the
 credentials, or a worker is silent, while the run goes on; a worker that
 died is down for good, so a run that failed on it exits 1 after its end too.
+
+It trusts only what its user's job wrote: a run directory, cluster.json or
+workers.json another user owns or could write is refused, the shards'
+addresses must carry the MAC of the job's observer token (the only
+credential it holds and sends: Status only), and every string from a file
+is printed with its control characters escaped (`printable`), so a file
+cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ from dataclasses import dataclass
 import grpc
 
 from towerps.auth import Credentials, bearer
-from towerps.cluster.observe.observers import read_workers_file
+from towerps.cluster.observe.observers import WORKERS_FILE, read_workers_file
 from towerps.cluster.run.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
+from towerps.private import check_private_file
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
 
@@ -115,9 +123,10 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     `before`: the previous reading, for the traffic and apply time since."""
     finished = bool(workers and workers.get("finished"))
     silent = bool(workers) and not finished and now_s - workers["updated_at_s"] > SILENT_S
-    died = [w["rank"] for w in (workers or {}).get("workers", []) if not w.get("alive", False)]
+    died = [printable(w["rank"]) for w in (workers or {}).get("workers", [])
+            if not w.get("alive", False)]
     ended = f"  (ended: worker {', '.join(map(str, died))} died)" if died else "  (finished)"
-    lines = [f"run {run_dir}" + (ended if finished else "")]
+    lines = [f"run {printable(run_dir)}" + (ended if finished else "")]
     lines += _shard_rows(shards, {s.index: s for s in before or []})
     healthy = all(s.up for s in shards) or finished
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"
@@ -130,7 +139,8 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
         steps = max(w.get("steps", 0), 1)
         per_step = [f"{1e3 * w.get(k, 0.0) / steps:.1f}" for k in ("pull_s", "compute_s", "push_s")]
         lines.append(
-            f"{w['rank']:<7}{str(w.get('node_ip')):<16}{','.join(w.get('devices') or ['?']):<10}"
+            f"{printable(w['rank']):<7}{printable(w.get('node_ip')):<16}"
+            f"{printable(','.join(map(str, w.get('devices') or ['?']))):<10}"
             f"{state:<9}{w.get('steps', 0):>7}{w.get('examples_per_s', 0.0):>8.0f}"
             f"{per_step[0]:>9}{per_step[1]:>11}{per_step[2]:>9}"
             f"{(w.get('bytes_sent', 0) + w.get('bytes_received', 0)) / 1e6:>10.1f}")
@@ -145,7 +155,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
 def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list[str]:
     """Per shard: pushes/s (the shard's), MB/s in and out and ms per update
     since `before` (with no earlier reading: blank), pulls waiting now."""
-    width = max([22] + [len(_shown(s.address)) + 2 for s in shards])
+    width = max([22] + [len(printable(_shown(s.address))) + 2 for s in shards])
     rows = [f"{'shard':<6}{'address':<{width}}{'state':<23}{'version':>8}{'pushes/s':>9}"
             f"{'applied':>9}{'dropped':>8}{'refused':>8}{'MB':>7}{'in MB/s':>9}{'out MB/s':>9}"
             f"{'apply ms':>9}{'pulls waiting':>14}"]
@@ -160,7 +170,8 @@ def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list
             if updates > 0:
                 apply = f"{1e3 * (s.apply_s - p.apply_s) / updates:.2f}"
         state = "up" if s.up else f"down ({s.error})"
-        rows.append(f"{s.index:<6}{_shown(s.address):<{width}}{state:<23}{s.version:>8}{s.pushes_per_s:>9.1f}"
+        rows.append(f"{s.index:<6}{printable(_shown(s.address)):<{width}}{state:<23}"
+                    f"{s.version:>8}{s.pushes_per_s:>9.1f}"
                     f"{s.pushes_applied:>9}{s.pushes_dropped:>8}{s.pushes_rejected:>8}"
                     f"{s.parameter_bytes / 1e6:>7.1f}{received:>9}{sent:>9}{apply:>9}"
                     f"{s.pulls_waiting:>14}")
@@ -191,7 +202,7 @@ def status(run_dir: str, token_file: str | None = None, watch: bool = False,
         # A pushes/s needs two readings; with --watch, Ctrl-C ends the wait.
         while not stop.wait(interval_s if watch else min(interval_s, 1.0)):
             shards = reader.ask()
-            table, healthy = render(run_dir, shards, read_workers_file(run_dir), before, time.time())
+            table, healthy = render(run_dir, shards, read_workers(run_dir), before, time.time())
             out(table)
             if not watch:
                 return 0 if healthy else 1
@@ -200,6 +211,26 @@ def status(run_dir: str, token_file: str | None = None, watch: bool = False,
         return 0  # --watch ended by Ctrl-C
     finally:
         reader.close()
+
+
+def read_workers(run_dir: str) -> dict | None:
+    """workers.json, if there is one and it is this user's alone (UnsafePath if not)."""
+    if os.path.lexists(os.path.join(run_dir, WORKERS_FILE)):
+        check_private_file(os.path.join(run_dir, WORKERS_FILE))
+    return read_workers_file(run_dir)
+
+
+def printable(value) -> str:
+    """`value` as text with every character that is not printable escaped
+    as Python writes it (ESC -> \\x1b, U+202E -> \\u202e), so that what a
+    file holds cannot clear the screen, retitle the window or reorder text."""
+    return "".join(c if c.isprintable() else _escaped(c) for c in str(value))
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else (
+        f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
 
 
 def _ctrl_c_sets() -> threading.Event:

@@ -475,7 +475,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
             job.checkpoints.driver_store().complete(), job.resume_version,
             trained.checkpoint_parts),
         tls=job.security.tls is not None,
-        token_file=job.security.token_file,
+        token_file=job.security.secret_file,
         pushes_nonfinite=sum(c.pushes_nonfinite for c in counters),
         steps_skipped=counters[0].steps_skipped,
         stopped=("interrupted" if watched.interrupted or stop.requested

@@ -5,7 +5,8 @@
     with ray_session(address="10.0.0.1:6379"):    # joins; leaves it running
 
 A Ray session that is already initialised (a test fixture, a notebook) is
-used as it is and left running.
+used as it is and left running. A local cluster listens on 127.0.0.1 only
+(cluster/run/loopback.py).
 
 Authentication: Ray 2.60 clusters started where `~/.ray/auth_token` exists
 use token authentication, and a driver that joins one by explicit address
@@ -41,6 +42,7 @@ import ray
 
 import towerps
 from towerps.cluster.recovery.interrupts import Interrupted
+from towerps.cluster.run.loopback import loopback_ray
 from towerps.cluster.observe.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
 
@@ -80,14 +82,17 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # fits; each one is mostly waiting on the others in sync training.
         # address="local" always starts a new instance: a plain ray.init()
         # would join the latest cluster `ray start` left on this machine.
+        # Every port of it is on 127.0.0.1 (cluster/run/loopback.py).
         try:
-            context = ray.init(
-                address="local",
-                num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
-                include_dashboard=dashboard,
-                runtime_env=runtime_env,
-                logging_level=ray_logging_level(verbose),
-            )
+            with loopback_ray() as on_loopback:
+                context = ray.init(
+                    address="local",
+                    num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
+                    include_dashboard=dashboard,
+                    runtime_env=runtime_env,
+                    logging_level=ray_logging_level(verbose),
+                    **on_loopback,
+                )
         except SystemExit as err:
             # ray.init's own SIGTERM handler exits with the signal's number.
             stop_local_ray()

@@ -70,7 +70,7 @@ def shards_optimizer(run_dir, version, model_path) -> dict[str, np.ndarray]:
     """The shards' Adam state in the checkpoint's parts, joined independently of the driver."""
     model = keras.models.load_model(model_path)
     plan = plan_placement({k: v.shape for k, v in ModelVariables(model).all.items()}, 2)
-    key = checkpoint_key(read_token_file(str(run_dir / "token")))  # the run's secret
+    key = checkpoint_key(read_token_file(str(run_dir / "secret")))  # the run's secret
     store = CheckpointStore(str(run_dir / "checkpoints"), key=key)
     parts = [store.read_part(version, k) for k in range(2)]
     joined = {}

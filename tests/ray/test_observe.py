@@ -92,7 +92,7 @@ def test_the_finished_run_directory_is_its_users_alone(run):
     """Folders 0700, files 0600: the token, the model, the metrics, the events."""
     run_dir, _ = run
     names = set(os.listdir(run_dir))
-    assert {"token", "cluster.json", "placement.json", "config.json", "summary.json",
+    assert {"secret", "token", "cluster.json", "placement.json", "config.json", "summary.json",
             "metrics.jsonl", "workers.json", "model.keras"} <= names
     assert any(n.startswith("events.out.tfevents.") for n in names)
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from towerps.auth import worker_token
+from towerps.auth import driver_token, observer_token, worker_token
 from towerps.cluster import TrainConfig, train
 from towerps.cluster.run.security import read_cluster_json
 from towerps.errors import ShardUnavailable
@@ -37,14 +37,17 @@ def test_a_tls_run_writes_cluster_json_and_keeps_its_secret_to_the_token_file(ra
     assert all(a.startswith(f"unix:{socket_dir}/") for a in shard_addresses), shard_addresses
     assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
     assert cluster["job_id"] and "BEGIN CERTIFICATE" in cluster["tls"]["ca_pem"]
-    token_file = cluster["auth"]["token_file"]
-    assert token_file == summary.token_file == str(run_dir / "token")
-    for private in (token_file, cluster["tls"]["client_key_file"]):
+    # Tools read the observer token; the secret is the driver's alone.
+    token_file, secret_file = cluster["auth"]["token_file"], summary.token_file
+    assert (token_file, secret_file) == (str(run_dir / "token"), str(run_dir / "secret"))
+    for private in (token_file, secret_file, cluster["tls"]["client_key_file"]):
         assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
-    secret = open(token_file).read().strip()
+    secret = open(secret_file).read().strip()
+    assert open(token_file).read().strip() == observer_token(secret)
     needles = [secret.encode()] + [worker_token(secret, r).split(".")[1].encode() for r in (0, 1)]
+    needles.append(driver_token(secret).split(".")[1].encode())
 
-    others = [p for p in run_dir.rglob("*") if p.is_file() and str(p) != token_file]
+    others = [p for p in run_dir.rglob("*") if p.is_file() and str(p) != secret_file]
     assert {p.name for p in others} >= {"summary.json", "cluster.json", "model.keras",
                                          "metrics.jsonl", "client.key"}
     for path in others:

@@ -12,6 +12,13 @@ import threading
 
 import pytest
 
+from towerps.auth import Credentials
+from towerps.cluster.observe.status import ShardReader
+from towerps.cluster.run.security import read_cluster_json
+from towerps.errors import AccessDenied
+from towerps.ps.placement import plan_placement
+from towerps.workers.client import PSClient
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 WAIT_S = 300.0  # start-up on 2 busy cores takes tens of seconds
@@ -105,19 +112,28 @@ def test_status_of_a_live_tls_run_with_and_without_credentials_and_a_dead_worker
         alive = rows(live.stdout, "alive")
         assert sorted(r[0] for r in alive) == ["0", "1"] and all(r[2] == "/CPU:0" for r in alive)
 
+        # Another token: cluster.json's MAC does not check with it, so status
+        # calls no address at all.
         wrong = tmp_path / "wrong-token"
         wrong.write_text("0" * 64 + "\n")
         wrong.chmod(0o600)
         refused = status(run_dir, "--token-file", str(wrong))
-        assert refused.returncode == 1 and refused.stdout.count("down (UNAUTHENTICATED)") == 2, \
-            refused.stdout
+        assert refused.returncode == 2 and "No call is made" in refused.stderr, refused.stderr
+
+        # The observer token reads Status, and the shards refuse it anything else.
+        addresses, observer = read_cluster_json(str(run_dir))
+        plan = plan_placement({f"v{k}": (1,) for k in range(len(addresses))}, len(addresses))
+        with PSClient(addresses, plan, credentials=observer, max_attempts=1) as client:
+            assert len(client.status()) == 2
+            with pytest.raises(AccessDenied, match="observer credential may not call"):
+                client.pull(0, timeout_s=10)
 
         # The right token but no client certificate: the shards' TLS refuses the connection.
-        bare = tmp_path / "bare"
-        bare.mkdir()
-        (bare / "cluster.json").write_text(json.dumps({**cluster, "tls": None}))
-        plain = status(bare)
-        assert plain.returncode == 1 and plain.stdout.count("down (UNAVAILABLE)") == 2, plain.stdout
+        plain = ShardReader(addresses, Credentials(observer.token))
+        try:
+            assert [s.error for s in plain.ask()] == ["UNAVAILABLE"] * 2
+        finally:
+            plain.close()
 
         pid = [w["pid"] for w in json.loads((run_dir / "workers.json").read_text())["workers"]
                if w["rank"] == 1][0]

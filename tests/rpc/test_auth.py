@@ -9,7 +9,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from towerps.auth import Credentials, ShardCredentials, bearer, new_job_secret, worker_token
+from towerps.auth import (
+    Credentials, ShardCredentials, bearer, driver_token, new_job_secret, observer_token,
+    worker_token,
+)
 from towerps.codec import push_stream
 from towerps.errors import AccessDenied, ConfigError, ShardUnavailable
 from towerps.proto import towerps_pb2 as pb
@@ -38,7 +41,8 @@ def secured():
         secret = new_job_secret()
         shard = Shard(0, {"w": np.zeros(4, np.float32)}, make_optimizer("sgd", 1.0), num_workers)
         server, port = create_server(shard, "127.0.0.1:0",
-                                     credentials=ShardCredentials(secret, tls))
+                                     credentials=ShardCredentials(secret, tls,
+                                                                  num_workers=num_workers))
         started.append((shard, server))
         return shard, f"127.0.0.1:{port}", secret
 
@@ -63,7 +67,9 @@ def test_calls_without_valid_credentials_are_refused_and_change_nothing(secured)
     shard, address, secret = secured()
     channel = grpc.insecure_channel(address)
     stub = pb_grpc.ParameterServerStub(channel)
-    for metadata in (None, bearer(new_job_secret()), bearer(worker_token(new_job_secret(), 0))):
+    beyond = bearer(worker_token(secret, 2))  # the job has workers 0 and 1
+    for metadata in (None, bearer(new_job_secret()), bearer(worker_token(new_job_secret(), 0)),
+                     bearer(secret), beyond):
         for call in (lambda: stub.Status(pb.StatusRequest(), timeout=10, metadata=metadata),
                      lambda: list(stub.Pull(pb.PullRequest(), timeout=10, metadata=metadata)),
                      lambda: raw_push(channel, 0, metadata)):
@@ -78,7 +84,8 @@ def test_calls_without_valid_credentials_are_refused_and_change_nothing(secured)
 def test_a_worker_may_push_as_its_own_rank_only(secured):
     shard, address, secret = secured()
     channel = grpc.insecure_channel(address)
-    for token, rank in ((worker_token(secret, 1), 0), (secret, 0)):
+    for token, rank in ((worker_token(secret, 1), 0), (driver_token(secret), 0),
+                        (observer_token(secret), 0)):
         with pytest.raises(grpc.RpcError) as err:
             raw_push(channel, rank, bearer(token))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -89,10 +96,35 @@ def test_a_worker_may_push_as_its_own_rank_only(secured):
         assert worker_1.push(1, 0, {"w": np.ones(4, np.float32)}, 1, 0.0) == [PushOutcome.BUFFERED]
     with client(address, Credentials(worker_token(secret, 0))) as worker_0:
         assert worker_0.push(0, 0, {"w": np.ones(4, np.float32)}, 1, 0.0) == [PushOutcome.APPLIED]
-    with client(address, Credentials(secret)) as driver:
+    with client(address, Credentials(driver_token(secret))) as driver:
         version, params = driver.pull(1, timeout_s=10)
     assert version == 1
     np.testing.assert_array_equal(params["w"], -np.ones(4))
+    channel.close()
+
+
+def test_an_observer_reads_status_and_nothing_else(secured):
+    shard, address, secret = secured()
+    channel = grpc.insecure_channel(address)
+    stub = pb_grpc.ParameterServerStub(channel)
+    observer = bearer(observer_token(secret))
+    assert stub.Status(pb.StatusRequest(), timeout=10, metadata=observer).version == 0
+    shared_pull = channel.unary_unary(f"/{SERVICE}/SharedPull")
+    for call in (lambda: list(stub.Pull(pb.PullRequest(), timeout=10, metadata=observer)),
+                 lambda: raw_push(channel, 0, observer),
+                 lambda: shared_pull(pb.PullRequest().SerializeToString(), timeout=10,
+                                     metadata=observer)):
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "observer credential may not call" in err.value.details()
+    assert shard.version == 0 and shard.stats()[1].pushes_applied == 0
+    # The driver's token pulls, but does not push.
+    driver = bearer(driver_token(secret))
+    assert list(stub.Pull(pb.PullRequest(), timeout=10, metadata=driver))
+    with pytest.raises(grpc.RpcError) as err:
+        raw_push(channel, 0, driver)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     channel.close()
 
 
@@ -121,16 +153,17 @@ def test_a_client_without_a_certificate_is_refused(secured, job_tls):
     channel = grpc.secure_channel(address, server_only, options=TLS_OPTIONS)
     with pytest.raises(grpc.RpcError) as err:
         pb_grpc.ParameterServerStub(channel).Status(pb.StatusRequest(), timeout=10,
-                                                    metadata=bearer(secret))
+                                                    metadata=bearer(observer_token(secret)))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     channel.close()
 
 
 def test_health_and_reflection_answer_standard_clients_behind_the_same_door(secured, job_tls):
     _, address, secret = secured(tls=job_tls)
-    # The standard way to send a bearer token: call credentials on a TLS channel.
+    # The standard way to send a bearer token: call credentials on a TLS
+    # channel. A tool's observer token is enough for both services.
     both = grpc.composite_channel_credentials(
-        channel_credentials(job_tls), grpc.access_token_call_credentials(worker_token(secret, 0)))
+        channel_credentials(job_tls), grpc.access_token_call_credentials(observer_token(secret)))
     channel = grpc.secure_channel(address, both, options=TLS_OPTIONS)
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", SERVICE):

@@ -36,7 +36,8 @@ def shard_server():
         shard = Shard(0, VARIABLES, make_optimizer("sgd", 1.0), num_workers)
         prefix = new_run_prefix()
         server, port = create_server(shard, "127.0.0.1:0", same_node=same_node and prefix,
-                                     credentials=secret and ShardCredentials(secret))
+                                     credentials=secret and ShardCredentials(
+                                         secret, num_workers=num_workers))
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         started.append((shard, server, channel))
         prefixes.append(prefix)

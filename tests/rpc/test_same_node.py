@@ -49,7 +49,8 @@ def cluster():
         for k, part in enumerate(plan.split(variables)):
             shard = Shard(k, part, make_optimizer("sgd", 0.1), num_workers)
             server, port = create_server(
-                shard, "127.0.0.1:0", credentials=secret and ShardCredentials(secret),
+                shard, "127.0.0.1:0",
+                credentials=secret and ShardCredentials(secret, num_workers=num_workers),
                 same_node=prefix if transport == "shm" else None)
             started.append((shard, server))
             shards.append(shard)

@@ -103,7 +103,7 @@ def test_each_run_file_writer_makes_a_0600_file_in_a_0700_folder(tmp_path):
     Placements(str(run_dir / "placement.json")).write()
     WorkersFile(str(run_dir), placements=[]).close()
     save_private(run_dir / "model.keras", lambda name: open(name, "w").write("zip"))
-    names = {"token", "tls", "cluster.json", "config.json", "placement.json", "workers.json",
+    names = {"secret", "token", "tls", "cluster.json", "config.json", "placement.json", "workers.json",
              "model.keras"}
     assert set(os.listdir(run_dir)) == names
     assert (run_dir / "model.keras").read_text() == "zip"

@@ -1,14 +1,17 @@
 """The status table and the workers' file it reads, without a live run."""
 
 import json
+import os
 
 import pytest
 
+from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.observe.observers import WorkersFile, read_workers_file
+from towerps.cluster.observe.status import SILENT_S, ShardState, printable, read_workers, render
 from towerps.cluster.run.placements import Placements
-from towerps.cluster.run.security import read_cluster_json
-from towerps.cluster.observe.status import SILENT_S, ShardState, render
+from towerps.cluster.run.security import JobSecurity, read_cluster_json, write_cluster_json
 from towerps.errors import ConfigError
+from towerps.private import UnsafePath, write_private_file
 from towerps.workers.worker import WorkerReport
 
 pytestmark = pytest.mark.unit
@@ -81,3 +84,73 @@ def test_a_finished_run_is_down_only_if_a_worker_died(tmp_path):
 def test_a_run_directory_without_cluster_json_is_named(tmp_path):
     with pytest.raises(ConfigError, match="not a towerps run directory"):
         read_cluster_json(str(tmp_path))
+
+
+def test_printable_escapes_control_characters():
+    assert printable("a\x1b[2Jb\x07\u202ec\x7f") == "a\\x1b[2Jb\\x07\\u202ec\\x7f"
+    assert printable("10.0.0.1 /GPU:0 ünï") == "10.0.0.1 /GPU:0 ünï"
+    assert printable(3) == "3"
+
+
+def test_strings_from_workers_json_reach_the_terminal_escaped(tmp_path):
+    hostile = "\x1b]0;owned\x07\x1b[2J"
+    workers = {"updated_at_s": 0.0, "finished": False, "version": 1, "workers": [
+        {"rank": "0" + hostile, "node_ip": hostile, "devices": [hostile], "alive": True,
+         "steps": 1}]}
+    shards = [ShardState(0, "127.0.0.1:1" + hostile, False, error="UNAVAILABLE")]
+    table, _ = render("runs/" + hostile, shards, workers, None, 1.0)
+    assert "\x1b" not in table and "\x07" not in table
+    assert table.count("\\x1b]0;owned\\x07\\x1b[2J") >= 4
+
+
+def write_job(run_dir, addresses=("127.0.0.1:1",)):
+    security = JobSecurity.create(TrainConfig(), str(run_dir), num_nodes=1)
+    write_cluster_json(str(run_dir), "job-1", list(addresses), security)
+    return security
+
+
+def test_a_run_directory_others_could_write_is_refused(tmp_path):
+    write_job(tmp_path)
+    for path in (tmp_path, tmp_path / "cluster.json", tmp_path / "token"):
+        mode = os.stat(path).st_mode
+        os.chmod(path, mode | 0o022)
+        with pytest.raises(UnsafePath, match=f"{path} can be written by others"):
+            read_cluster_json(str(tmp_path))
+        os.chmod(path, mode)
+    assert read_cluster_json(str(tmp_path))[0] == ["127.0.0.1:1"]
+
+
+def test_a_run_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    write_job(tmp_path)
+    mine = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: mine + 1)  # as another user reads it
+    with pytest.raises(UnsafePath, match=f"{tmp_path} belongs to uid {mine}, not to you"):
+        read_cluster_json(str(tmp_path))
+
+
+def test_workers_json_of_another_user_or_writable_by_others_is_refused(tmp_path):
+    figures = WorkersFile(str(tmp_path), PLACEMENT)
+    figures.close()
+    os.chmod(tmp_path / "workers.json", 0o666)
+    with pytest.raises(UnsafePath, match="workers.json can be written by others"):
+        read_workers(str(tmp_path))
+
+
+@pytest.mark.parametrize("tamper", ["address", "token_file", "mac", "no mac"])
+def test_a_cluster_json_changed_after_the_job_wrote_it_is_refused(tmp_path, tamper):
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    write_job(run_dir)
+    other_job = write_job(other)
+    path = run_dir / "cluster.json"
+    record = json.loads(path.read_text())
+    if tamper == "address":
+        record["shards"][0]["address"] = "127.0.0.1:2"
+    elif tamper == "token_file":  # another job's token: its MAC is not this file's
+        record["auth"]["token_file"] = other_job.observer_file
+    elif tamper == "mac":
+        record["mac"] = "0" * 64
+    else:
+        del record["mac"]
+    write_private_file(path, json.dumps(record))
+    with pytest.raises(ConfigError, match="does not check with the job's observer token"):
+        read_cluster_json(str(run_dir))
