@@ -8,7 +8,9 @@ import stat
 import numpy as np
 import pytest
 
-from towerps.auth import Credentials, ShardCredentials, new_job_secret, worker_token
+from towerps.auth import (
+    Credentials, ShardCredentials, new_job_secret, observer_token, worker_token,
+)
 from towerps.cluster.observe.status import ShardReader, render
 from towerps.cluster.run.sockets import ShardSockets
 from towerps.ps import Shard, create_server, make_optimizer, plan_placement
@@ -26,7 +28,7 @@ def unix_shard(tmp_path):
     variables = {"w": np.zeros(4, np.float32)}
     shard = Shard(0, variables, make_optimizer("sgd", 0.5), 1)
     address = sockets.address(0)
-    server, port = create_server(shard, address, credentials=ShardCredentials(secret))
+    server, port = create_server(shard, address, credentials=ShardCredentials(secret, num_workers=2))
     assert port != 0
     yield address, secret, plan_placement({"w": (4,)}, 1), sockets
     shard.close()
@@ -49,7 +51,7 @@ def test_a_worker_trains_through_the_runs_private_socket(unix_shard):
 
 def test_status_reads_a_shard_on_a_unix_socket(unix_shard):
     address, secret, _, _ = unix_shard
-    reader = ShardReader([address], Credentials(secret))
+    reader = ShardReader([address], Credentials(observer_token(secret)))
     try:
         (state,) = reader.ask()
     finally:

@@ -14,7 +14,7 @@ from towerps.auth import new_job_secret, write_token_file
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.run.driver import resume_config
 from towerps.cluster.run.security import JobSecurity
-from towerps.errors import CheckpointError
+from towerps.errors import CheckpointError, ConfigError
 from towerps.ps.checkpoint import MANIFEST, CheckpointStore, PartWriter, checkpoint_key
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
@@ -279,8 +279,9 @@ def test_a_resumed_run_signs_with_its_own_secret_or_the_one_given(tmp_path):
     assert config.token_file == str(given)
     resumed = JobSecurity.create(config, str(copy), num_nodes=1, resume=True)
     assert resumed.checkpoint_key == first.checkpoint_key
-    fresh = JobSecurity.create(TrainConfig(), str(tmp_path / "new"), num_nodes=1, resume=True)
-    assert fresh.checkpoint_key != first.checkpoint_key
+    # Without either, a resume is refused: nothing could prove its checkpoints.
+    with pytest.raises(ConfigError, match="job secret is gone.*--token-file"):
+        JobSecurity.create(TrainConfig(), str(tmp_path / "new"), num_nodes=1, resume=True)
 
 
 def test_a_checkpoint_copied_elsewhere_resumes_with_its_secret(written, tmp_path):
