@@ -53,9 +53,15 @@ _LRS = ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
 
 @dataclass(frozen=True)
 class TrainConfig:
+    # The CLI's default is None so that it can tell a --dataset given with
+    # --model module:function (the built-in data for one's own model) from none.
     dataset: str = option("fashion_mnist", Flag(
-        "--dataset", "the data set; synthetic is generated, learnable and needs no files",
-        choices=DATASETS))
+        "--dataset", "the data set (default: fashion_mnist); synthetic is generated, "
+        "learnable and needs no files; with --model module:function, the data your model "
+        "trains on instead of --data", choices=DATASETS, default=None,
+        doc="the data set (default `fashion_mnist`); `synthetic` is generated, learnable and "
+        "needs no files. With `--model module:function`, your model trains on it (as float32 "
+        "arrays scaled as the built-in models see them) instead of `--data`"))
     data_dir: str | None = option(None, Flag(
         "--data-dir", "where to look for / put the data set (an existing directory; ~ is "
         "expanded)", metavar="DIR"))

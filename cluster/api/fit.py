@@ -77,7 +77,7 @@ def fit_job(user: UserJob, progress: bool | None = None, **fields) -> FitResult:
     from towerps.cluster.run.driver import train_model
 
     fields.setdefault("model_fn", describe(user.build_model))
-    config = TrainConfig(dataset=user.data.kind, **fields)
+    config = TrainConfig(**{"dataset": user.data.kind, **fields})  # or a built-in one's name
     summary, model = train_model(config, progress, user)
     return FitResult(summary, model, _history(summary))
 

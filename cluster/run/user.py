@@ -26,6 +26,7 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from towerps.choices import DATASETS
 from towerps.errors import ConfigError
 
 DATA_KINDS = ("arrays", "tf_data", "ray_data")
@@ -154,6 +155,16 @@ def ship_by_value(*functions) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
+def builtin_data(name: str, data_dir: str | None = None, download: bool = True,
+                 seed: int = 0) -> UserData:
+    """A built-in data set (--dataset) as (x, y) arrays for a model of one's
+    own: its training set to train on, its test set to validate on."""
+    from towerps.workers.data import load_dataset, prepared_arrays
+
+    train, test = prepared_arrays(load_dataset(name, data_dir, download=download, seed=seed))
+    return UserData("arrays", train, test)
+
+
 def load_data(ref: str) -> UserData:
     """The data `--data module:function` gives: the training data, or a dict
     {"train": ..., "validation": ...}."""
@@ -205,6 +216,11 @@ def resumed_job(config) -> UserJob | None:
     """
     if config.model_fn is None:
         return None
+    if config.data_fn is None and config.dataset in DATASETS:  # --model with --dataset
+        build = resolve_ref(config.model_fn, "--model")
+        ship_by_value(build)
+        return UserJob(build, builtin_data(config.dataset, config.data_dir, config.download,
+                                           config.seed))
     if config.data_fn is None:
         raise ConfigError(
             f"the run in {config.run_dir} trained data handed to towerps.fit, which --resume "
