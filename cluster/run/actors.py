@@ -8,6 +8,7 @@ driver as the original towerps exception rather than as a dead actor.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from dataclasses import asdict, dataclass, replace
@@ -191,10 +192,21 @@ class ShardActor:
         return self._shard.end_at(version)
 
     def stop(self) -> None:
+        """Close the shard, stop its gRPC server and let go of it, finish the
+        checkpoint writes, sweep the node's segments. Idempotent; the driver
+        calls it on every shard before Ray ends the processes (Job.stop).
+
+        The server is released here, not left to the garbage collector: a
+        gRPC server deleted while Ray's SIGTERM handler unwinds the process
+        prints `Exception ignored in: <function _Server.__del__>` and a
+        SystemExit traceback to the user's terminal."""
         if self._shard is not None:
             self._shard.close()
-        if self._server is not None:
-            self._server.stop(grace=1.0).wait()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=1.0).wait()
+            del server
+            gc.collect()  # its __del__ runs now, in this call
         if self._writer is not None:
             self._writer.close()  # parts already copied are still written
         if self._same_node is not None:  # the run's segments on this node, a dead worker's too
