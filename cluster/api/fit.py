@@ -64,6 +64,9 @@ def fit(build_model: Callable | str, train, validation=None, *, num_workers: int
     Raises a TowerpsError naming the problem before any actor starts when
     the model, its optimizer or the data cannot be used.
     """
+    from towerps.cluster.observe.logs import quiet_tensorflow
+
+    quiet_tensorflow(options.get("verbose", False))  # as quiet as the CLI
     build_model = resolve_ref(build_model, "build_model")
     data = UserData.of(train, validation, columns)
     ship_by_value(build_model, *([train] if data.kind == "tf_data" else []))

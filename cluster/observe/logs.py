@@ -1,6 +1,7 @@
 """What a run prints: towerps' own lines, and the start-up noise of others hidden.
 
     log_to_stderr(verbose=False)          # the CLI, once
+    quiet_tensorflow(verbose=False)       # towerps.fit, at its start
     with quiet_native_stderr():           # around `import tensorflow`
         import tensorflow
 
@@ -69,6 +70,14 @@ def import_tensorflow(verbose: bool) -> None:
     with quiet_native_stderr(not verbose):
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
+
+
+def quiet_tensorflow(verbose: bool) -> None:
+    """An entry point's TensorFlow as quiet as the CLI's (towerps.fit): its
+    C++ logs above INFO unless `verbose` (unless the user chose a level),
+    and imported now, its start-up lines held back."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    import_tensorflow(verbose)
 
 
 def ray_logging_level(verbose: bool) -> int:

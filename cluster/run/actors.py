@@ -83,7 +83,7 @@ class ShardActor:
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
               mode=None, end_version: int | None = None, state: dict | None = None,
               checkpoints=None, max_examples: int | None = None, credentials=None,
-              same_node: str | None = None) -> dict:
+              same_node: str | None = None, verbose: bool = False) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -96,7 +96,9 @@ class ShardActor:
         towerps.auth.ShardCredentials (the job secret, as a method argument:
         never in the actor's constructor or environment); `same_node` the
         run's segment prefix when workers on this node may pass tensors
-        through shared memory (src/towerps/shm.py; None: gRPC only).
+        through shared memory (src/towerps/shm.py; None: gRPC only);
+        `verbose` shows TensorFlow's start-up lines when a Keras optimizer
+        loads it (hidden otherwise, as in the CLI and the workers).
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter
@@ -108,6 +110,10 @@ class ShardActor:
         if isinstance(optimizer, str):
             optimizer = make_optimizer(optimizer, lr)
         else:
+            if optimizer.runs_keras:  # Keras' own optimizer: TensorFlow, quietly
+                from towerps.cluster.observe.logs import import_tensorflow
+
+                import_tensorflow(verbose)
             optimizer = optimizer.build()
         resume = checkpoints.resume_version if checkpoints else None
         if resume is None:

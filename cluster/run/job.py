@@ -162,7 +162,7 @@ class Job:
                                 num_workers=c.num_workers, mode=c.mode,
                                 end_version=c.end_version, max_examples=c.batch_size,
                                 credentials=self.security.shard,
-                                same_node=self.segment_prefix)
+                                same_node=self.segment_prefix, verbose=c.verbose)
         checkpoints = self._shard_checkpoints()
         records = get([
             shard.start.remote(

@@ -54,3 +54,23 @@ def test_the_descriptor_is_restored_after_an_error(capfd):
         raise RuntimeError("import failed")
     os.write(2, b"after\n")
     assert capfd.readouterr().err == KEPT[2] + "after\n"
+
+
+def test_a_keras_optimizer_and_towerps_fit_load_tensorflow_as_quietly_as_the_cli():
+    """What a shard running RMSprop and towerps.fit do first (quiet_tensorflow),
+    in a process whose environment sets no TensorFlow log level."""
+    import subprocess
+    import sys
+
+    code = ("from towerps.cluster.observe.logs import quiet_tensorflow\n"
+            "quiet_tensorflow(False)\n"
+            "import keras, tensorflow as tf\n"
+            "v = keras.Variable([1.0])\n"
+            "keras.optimizers.RMSprop().apply_gradients([(tf.ones(1), v)])\n"
+            "print(float(v.numpy()[0]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout) < 1.0  # it trained
+    assert done.stderr == ""
