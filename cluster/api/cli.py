@@ -13,7 +13,8 @@ on with it or --overwrite replaces it (cluster/api/run_dirs.py).
 The flags of train and compare are made from TrainConfig's fields
 (cluster/api/flags.py) and become one TrainConfig here (validated at
 once); errors of towerps print as one line naming the problem and the fix,
-with exit status 2.
+with exit status 2 for bad input and 1 for a run that failed while it ran
+(an actor died or raised, a shard stopped answering: `error_status`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ from towerps.cluster.api.flags import add_flags, config_fields
 from towerps.cluster.api.run_dirs import claim, repeat_dir
 from towerps.cluster.recovery.interrupts import Interrupted, exit_status
 from towerps.cluster.observe.logs import import_tensorflow, log_to_stderr
-from towerps.errors import TowerpsError
+from towerps.errors import (ActorDied, ActorFailed, NotFinite, Overloaded, PullTimeout,
+                            ShardUnavailable, StepMismatch, TowerpsError)
 
+# Errors of a run that started well and then failed: exit status 1, not bad input's 2.
+RUNTIME_FAILURES = (ActorDied, ActorFailed, PullTimeout, ShardUnavailable, Overloaded,
+                    StepMismatch, NotFinite)
 UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the run
 OWN_MODEL_IGNORES = ("dataset", "data_dir", "download", "model", "optimizer", "lr")
 BUILTIN_DATA = ("dataset", "data_dir", "download")  # --model with a built-in --dataset keeps these
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args, parser)
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
-        return 2
+        return error_status(err)
     except Interrupted as stopped:
         print(f"towerps: stopped by {signal.Signals(stopped.signum).name} during "
               f"{stopped.during}; nothing saved", file=sys.stderr)
@@ -112,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the run's own handlers were in place
         print("towerps: interrupted; nothing saved", file=sys.stderr)
         return exit_status(signal.SIGINT)
+
+
+def error_status(err: TowerpsError) -> int:
+    """1 for a run that failed while it ran (an actor died or raised, a shard
+    stopped answering), 2 for bad input (a flag, a file, a model or data set
+    that cannot be used, a cluster that cannot place the job)."""
+    return 1 if isinstance(err, RUNTIME_FAILURES) else 2
 
 
 def _train(args, parser) -> int:
