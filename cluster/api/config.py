@@ -205,8 +205,9 @@ class TrainConfig:
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
     devices: DeviceConfig = option(factory=DeviceConfig)
     verbose: bool = option(False, Flag(  # show TensorFlow's, absl's and Ray's start-up logs
-        "--verbose", "also show TensorFlow's, absl's and Ray's start-up logs (hidden by "
-        "default: a run prints towerps' own lines, the progress bar and errors)"))
+        "--verbose", "also show TensorFlow's, absl's and Ray's start-up logs and Ray Data's "
+        "progress (hidden by default: a run prints towerps' own lines, the progress bar and "
+        "errors; Ray Data's lines go to ray-data.log in the Ray session's logs)"))
     dashboard: bool = option(False, Flag(  # local mode: start Ray's dashboard too
         "--dashboard", "start Ray's dashboard with the local cluster and print its address "
         "(a joined cluster has its own)"))

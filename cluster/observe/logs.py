@@ -80,6 +80,31 @@ def quiet_tensorflow(verbose: bool) -> None:
     import_tensorflow(verbose)
 
 
+def quiet_ray_data(datasets, verbose: bool) -> None:
+    """Ray Data's progress off the console unless `verbose`: no progress bars
+    and no start-of-execution lines for `datasets` (each Dataset keeps the
+    DataContext it was made with, so setting the current one is not enough)
+    nor for Ray Data in this process, and its INFO lines only in its log
+    file (ray-data.log in the Ray session's logs folder)."""
+    if verbose:
+        return
+    from ray.data import DataContext
+
+    for context in [DataContext.get_current(), *(d.context for d in datasets)]:
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler):  # the console; not its file
+            handler.setLevel(logging.WARNING)
+            if _progress_note not in handler.filters:
+                handler.addFilter(_progress_note)
+
+
+def _progress_note(record: logging.LogRecord) -> bool:
+    """False for Ray Data's warning that its progress bars are off (we turned them off)."""
+    return not record.getMessage().startswith("Progress bars disabled")
+
+
 def ray_logging_level(verbose: bool) -> int:
     """`ray.init(logging_level=...)`: Ray's start-up lines only with --verbose."""
     return logging.INFO if verbose else logging.ERROR

@@ -50,7 +50,7 @@ from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
 from towerps.cluster.run.job import Job, Payload, Trained
-from towerps.cluster.observe.logs import import_tensorflow
+from towerps.cluster.observe.logs import import_tensorflow, quiet_ray_data
 from towerps.cluster.observe.metrics import RayMetrics
 from towerps.cluster.observe.observers import Observers, WorkersFile
 from towerps.cluster.run.reservation import fit_to_cluster
@@ -118,6 +118,8 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     else:
         building = _build_while_ray_starts(config, load_data(config))
     spare = RAY_DATA_CPUS if user is not None and user.data.kind == "ray_data" else 0
+    if spare:  # its progress to its log file, not the console, unless --verbose
+        quiet_ray_data(user.data.ray_datasets(), config.verbose)
     t_start = time.time()
     with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
                                verbose=config.verbose, dashboard=config.dashboard):

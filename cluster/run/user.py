@@ -129,6 +129,11 @@ class UserData:
                           "give (x, y) arrays, a tf.data.Dataset of (x, y) batches, or a "
                           "ray.data.Dataset")
 
+    def ray_datasets(self) -> list:
+        """The ray.data.Datasets among the training and validation data."""
+        return [d for d in (self.train, self.validation)
+                if type(d).__module__.startswith("ray.data")]
+
     def check_mode(self, mode) -> None:
         """Ray Data splits advance together: refuse modes where a worker lags or skips."""
         if self.kind == "ray_data" and (mode.name != "sync" or mode.backup_workers):
