@@ -52,6 +52,11 @@ def file_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
         raise ConfigError(f"--config {path}: expected a mapping of flag names to values, "
                           f"got {type(entries).__name__}")
     actions = _actions(parser)
+    if entries.get("data") and {"dataset", "data-dir", "data_dir"} & set(entries):
+        # What older versions wrote for a --model/--data run: its data set
+        # entries were never used (the data function's data was).
+        entries = {k: v for k, v in entries.items() if k not in ("dataset", "data_dir",
+                                                                  "data-dir")}
     tokens: list[str] = []
     for key, value in entries.items():
         action = actions.get(str(key).replace("-", "_"))

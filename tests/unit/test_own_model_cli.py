@@ -127,3 +127,15 @@ def test_built_in_data_comes_as_float32_arrays_with_the_test_set_to_validate_on(
     (x, y), (x_test, y_test) = data.train, data.validation
     assert data.kind == "arrays" and x.dtype == np.float32 and x_test.dtype == np.float32
     assert len(x) == len(y) and len(x_test) == len(y_test) and x.shape[1:] == x_test.shape[1:]
+
+
+def test_an_older_own_model_job_file_with_the_unused_data_set_still_repeats(tmp_path):
+    old = tmp_path / "job.yaml"
+    old.write_text(yaml.safe_dump({"model": "tests.models.own:regression",
+                                   "data": "tests.models.own:regression_data",
+                                   "dataset": "fashion_mnist", "data_dir": None,
+                                   "optimizer": "adam", "steps": 2}))
+    train = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices
+                 and "train" in a.choices).choices["train"]
+    args = train.parse_args(file_argv(str(old), train))
+    assert args.data == "tests.models.own:regression_data" and args.dataset is None
