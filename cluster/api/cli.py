@@ -146,6 +146,8 @@ def _train(args, parser) -> int:
         from towerps.cluster.run.user import resumed_job
 
         config = resume_config(args.resume, args.address, args.steps)
+        if config.model_fn is not None:
+            import_tensorflow(args.verbose)  # the user's modules import Keras: quietly
         return _report(train(config, resume=True, user=resumed_job(config)))
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     claim(run_dir, args.overwrite)
