@@ -202,19 +202,21 @@ class ShardActor:
         checkpoint writes, sweep the node's segments. Idempotent; the driver
         calls it on every shard before Ray ends the processes (Job.stop).
 
-        The server is released here, not left to the garbage collector: a
-        gRPC server deleted while Ray's SIGTERM handler unwinds the process
-        prints `Exception ignored in: <function _Server.__del__>` and a
-        SystemExit traceback to the user's terminal."""
+        Everything the shard holds is released here, not left to the
+        garbage collector at the process's end: a gRPC server (or the
+        checkpoint sink's actor handle) deleted while Ray's SIGTERM handler
+        unwinds the process prints `Exception ignored in: <function
+        _Server.__del__>` and a SystemExit traceback to the user's terminal."""
         if self._shard is not None:
             self._shard.close()
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace=1.0).wait()
-            del server
-            gc.collect()  # its __del__ runs now, in this call
         if self._writer is not None:
             self._writer.close()  # parts already copied are still written
+        del server
+        self._shard = self._writer = self._checkpoints = None
+        gc.collect()  # their __del__ run now, in this call
         if self._same_node is not None:  # the run's segments on this node, a dead worker's too
             from towerps.shm import sweep
 
