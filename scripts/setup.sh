@@ -26,7 +26,10 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[$extra,test]"
+    # setuptools' notes on editable installs are information: filtered out
+    # (scripts/quiet_editable.awk); pip's status stays the pipeline's (pipefail).
+    .venv/bin/python -m pip install --quiet -e ".[$extra,test]" 2>&1 \
+        | awk -f scripts/quiet_editable.awk >&2
     echo "$extra" > "$stamp"
 fi
 

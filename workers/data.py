@@ -133,6 +133,22 @@ class DataSet:
         return self._cache["test"], self.y_test
 
 
+def prepared_arrays(dataset: DataSet) -> tuple[tuple, tuple]:
+    """((x_train, y_train), (x_test, y_test)) as float32 arrays a model of
+    one's own can take as they are: scaled as the built-in models scale
+    them (fashion_mnist: pixels in [0, 1]), cifar10 cropped to its centre
+    24x24 and standardised, like its test set (no random crops or flips)."""
+    x_test, y_test = dataset.test_arrays()
+    x = dataset.x_train
+    if dataset.name == "cifar10":
+        c = (_CIFAR_SIDE - _CIFAR_CROP) // 2
+        x = _standardize(x[:, c:c + _CIFAR_CROP, c:c + _CIFAR_CROP])
+    x = x.astype(np.float32, copy=False)
+    if dataset.input_scale is not None:
+        x, x_test = x * np.float32(dataset.input_scale), x_test * np.float32(dataset.input_scale)
+    return (x, dataset.y_train), (x_test, y_test)
+
+
 def load_dataset(name: str, data_dir: str | None = None, *, input_shape: tuple | None = None,
                  download: bool = True, seed: int = 0) -> DataSet:
     """The data set `name` (one of DATASETS). `input_shape` is what the model

@@ -5,11 +5,16 @@
     towerps compare --dataset fashion_mnist --modes sync,async,ssp:2 --steps 400
     towerps train --model my_pkg.models:build --data my_pkg.data:load --steps 500
     towerps train --config job.yaml            # every flag in a file (cluster/api/jobfile.py)
+    towerps train --config runs/x/job.yaml     # repeats run x, in runs/x-2
+
+A run directory that already holds a run is refused unless --resume goes
+on with it or --overwrite replaces it (cluster/api/run_dirs.py).
 
 The flags of train and compare are made from TrainConfig's fields
 (cluster/api/flags.py) and become one TrainConfig here (validated at
 once); errors of towerps print as one line naming the problem and the fix,
-with exit status 2.
+with exit status 2 for bad input and 1 for a run that failed while it ran
+(an actor died or raised, a shard stopped answering: `error_status`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,18 @@ from dataclasses import replace
 from towerps import __version__
 from towerps.cluster.api.config import DEFAULT_STEPS, TrainConfig
 from towerps.cluster.api.flags import add_flags, config_fields
+from towerps.cluster.api.run_dirs import claim, repeat_dir
 from towerps.cluster.recovery.interrupts import Interrupted, exit_status
 from towerps.cluster.observe.logs import import_tensorflow, log_to_stderr
-from towerps.errors import TowerpsError
+from towerps.errors import (ActorDied, ActorFailed, NotFinite, Overloaded, PullTimeout,
+                            ShardUnavailable, StepMismatch, TowerpsError)
 
+# Errors of a run that started well and then failed: exit status 1, not bad input's 2.
+RUNTIME_FAILURES = (ActorDied, ActorFailed, PullTimeout, ShardUnavailable, Overloaded,
+                    StepMismatch, NotFinite)
 UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the run
 OWN_MODEL_IGNORES = ("dataset", "data_dir", "download", "model", "optimizer", "lr")
+BUILTIN_DATA = ("dataset", "data_dir", "download")  # --model with a built-in --dataset keeps these
 # TensorFlow comes with an extra of its own (pyproject.toml): a plain install has none.
 NO_TENSORFLOW = (
     "towerps: error: TensorFlow is not installed; install towerps with one of its TensorFlow "
@@ -90,13 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "config", None):
             from towerps.cluster.api.jobfile import file_argv
 
+            given_run_dir = args.run_dir
             args = parser.parse_args(
                 [argv[0], *file_argv(args.config, _command_parser(parser, "train")), *argv[1:]])
+            if given_run_dir is None:
+                _repeat_elsewhere(args)
         with _retired_flags(args):
             return _train(args, parser)
     except TowerpsError as err:
         print(f"towerps: error: {err}", file=sys.stderr)
-        return 2
+        return error_status(err)
     except Interrupted as stopped:
         print(f"towerps: stopped by {signal.Signals(stopped.signum).name} during "
               f"{stopped.during}; nothing saved", file=sys.stderr)
@@ -104,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the run's own handlers were in place
         print("towerps: interrupted; nothing saved", file=sys.stderr)
         return exit_status(signal.SIGINT)
+
+
+def error_status(err: TowerpsError) -> int:
+    """1 for a run that failed while it ran (an actor died or raised, a shard
+    stopped answering), 2 for bad input (a flag, a file, a model or data set
+    that cannot be used, a cluster that cannot place the job)."""
+    return 1 if isinstance(err, RUNTIME_FAILURES) else 2
 
 
 def _train(args, parser) -> int:
@@ -114,19 +135,41 @@ def _train(args, parser) -> int:
         raise TowerpsError("--data feeds a model of your own: give --model module:function "
                            "too, or use --dataset for the built-in data sets")
     config = TrainConfig(**job_fields(args))
-    # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
-    from towerps.cluster.run.driver import train
-
     if args.command == "compare":
+        from towerps.cluster.run.driver import train  # noqa: F401  (TensorFlow while Ray starts)
+
         return _compare(config, args)
     if args.resume is not None:
-        from towerps.cluster.run.driver import resume_config
+        if args.overwrite:
+            raise TowerpsError(f"--resume {args.resume} goes on with the run there and "
+                               "--overwrite would delete it: give one of them")
+        from towerps.cluster.run.driver import resume_config, train
         from towerps.cluster.run.user import resumed_job
 
         config = resume_config(args.resume, args.address, args.steps, args.token_file)
+        if config.model_fn is not None:
+            import_tensorflow(args.verbose)  # the user's modules import Keras: quietly
         return _report(train(config, resume=True, user=resumed_job(config)))
-    _write_job_file(args, parser, config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S")))
+    run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
+    claim(run_dir, args.overwrite)
+    # Flags are checked. The driver loads TensorFlow (seconds, quietly) while Ray starts.
+    from towerps.cluster.run.driver import train
+
+    args.dataset = config.dataset  # job.yaml records the data set the run used
+    _write_job_file(args, parser, run_dir)
     return _report(train(replace(config, run_dir=args.run_dir)))
+
+
+def _repeat_elsewhere(args) -> None:
+    """--config of a job.yaml whose run_dir holds a run, and no --run-dir on the
+    command line: the repeat goes beside it (runs/x-2, ...), unless --overwrite."""
+    if args.run_dir is None or args.overwrite or args.resume is not None:
+        return
+    new = repeat_dir(args.run_dir)
+    if new != args.run_dir:
+        print(f"towerps: {args.run_dir} holds the run {args.config} repeats; this run goes to "
+              f"{new} (--run-dir DIR chooses another, --overwrite replaces it)", file=sys.stderr)
+        args.run_dir = new
 
 
 @contextlib.contextmanager
@@ -162,18 +205,20 @@ def _command_parser(parser, name: str):
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
 
 
-def _write_job_file(args, parser, run_dir: str) -> None:
-    """Fix the run directory and steps, then write the job as --config reads it."""
+def _write_job_file(args, parser, run_dir: str, unused: tuple[str, ...] = ()) -> None:
+    """Fix the run directory and steps, then write the job as --config reads
+    it, without the flags in `unused` (the run did not use them)."""
     from towerps.cluster.api.jobfile import write_job_file
 
     args.run_dir, args.steps = run_dir, _steps(args)
-    write_job_file(run_dir, args, _command_parser(parser, args.command))
+    write_job_file(run_dir, args, _command_parser(parser, args.command), unused)
 
 
 def _train_own_model(args, parser):
-    """--model module:function [--data module:function]: the user's model, as towerps.fit."""
+    """--model module:function with --data module:function or a built-in
+    --dataset: the user's model, as towerps.fit."""
     from towerps.cluster.api.fit import fit_job
-    from towerps.cluster.run.user import UserJob, load_data, resolve_ref, ship_by_value
+    from towerps.cluster.run.user import UserJob, builtin_data, load_data, resolve_ref, ship_by_value
 
     if args.command != "train":
         raise TowerpsError("compare runs the built-in models only; train your model with "
@@ -184,15 +229,26 @@ def _train_own_model(args, parser):
     if args.lr is not None or args.optimizer != "adam":
         raise TowerpsError("--optimizer and --lr set the built-in models' optimizer; your "
                            "model trains with the optimizer it is compiled with: drop them")
+    if not args.data and args.dataset is None:
+        raise TowerpsError(f"--model {args.model} needs its training data: --data "
+                           "module:function giving it, or a built-in --dataset "
+                           "(fashion_mnist, cifar10, synthetic)")
+    if args.data and args.dataset is not None:
+        raise TowerpsError(f"--data {args.data} and --dataset {args.dataset} both name the "
+                           "training data: give one")
+    run_dir = args.run_dir or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-model")
+    if args.address is not None and not os.path.isabs(run_dir):
+        run_dir = os.path.join(os.path.expanduser("~"), run_dir)
+    claim(os.path.expanduser(run_dir), args.overwrite)
     import_tensorflow(args.verbose)  # the user's modules import Keras: quietly
     build = resolve_ref(args.model, "--model")
-    if not args.data:
-        raise TowerpsError(f"--model {args.model} needs --data module:function giving its "
-                           "training data")
-    data = load_data(args.data)
+    if args.data:
+        data = load_data(args.data)
+    else:
+        data = builtin_data(args.dataset, args.data_dir, args.download, args.seed)
     ship_by_value(build, *([data.train] if data.kind == "tf_data" else []))
-    run_dir = args.run_dir or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-model")
-    _write_job_file(args, parser, run_dir)
+    unused = ("optimizer", "lr", *(BUILTIN_DATA if args.data else ("data",)))
+    _write_job_file(args, parser, run_dir, unused)
     return fit_job(UserJob(build, data), **own_model_fields(args)).summary
 
 
@@ -208,11 +264,13 @@ def job_fields(args) -> dict:
 
 def own_model_fields(args) -> dict:
     """`job_fields` of a run of one's own model (--model module:function): the
-    reference is its model_fn; the data set and optimizer are the model's own."""
+    reference is its model_fn; the optimizer is the model's own, and so is
+    the data set unless a built-in --dataset feeds it."""
     fields = job_fields(args)
     fields["model_fn"] = args.model
     for name in OWN_MODEL_IGNORES:
-        fields.pop(name, None)
+        if not (name in BUILTIN_DATA and args.dataset is not None):
+            fields.pop(name, None)
     return fields
 
 

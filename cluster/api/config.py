@@ -54,9 +54,15 @@ _LRS = ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
 
 @dataclass(frozen=True)
 class TrainConfig:
+    # The CLI's default is None so that it can tell a --dataset given with
+    # --model module:function (the built-in data for one's own model) from none.
     dataset: str = option("fashion_mnist", Flag(
-        "--dataset", "the data set; synthetic is generated, learnable and needs no files",
-        choices=DATASETS))
+        "--dataset", "the data set (default: fashion_mnist); synthetic is generated, "
+        "learnable and needs no files; with --model module:function, the data your model "
+        "trains on instead of --data", choices=DATASETS, default=None,
+        doc="the data set (default `fashion_mnist`); `synthetic` is generated, learnable and "
+        "needs no files. With `--model module:function`, your model trains on it (as float32 "
+        "arrays scaled as the built-in models see them) instead of `--data`"))
     data_dir: str | None = option(None, Flag(
         "--data-dir", "where to look for / put the data set (an existing directory; ~ is "
         "expanded)", metavar="DIR"))
@@ -200,8 +206,9 @@ class TrainConfig:
     # Towers, GPUs and TensorFlow runtime options of every worker (workers/devices.py).
     devices: DeviceConfig = option(factory=DeviceConfig)
     verbose: bool = option(False, Flag(  # show TensorFlow's, absl's and Ray's start-up logs
-        "--verbose", "also show TensorFlow's, absl's and Ray's start-up logs (hidden by "
-        "default: a run prints towerps' own lines, the progress bar and errors)"))
+        "--verbose", "also show TensorFlow's, absl's and Ray's start-up logs and Ray Data's "
+        "progress (hidden by default: a run prints towerps' own lines, the progress bar and "
+        "errors; Ray Data's lines go to ray-data.log in the Ray session's logs)"))
     dashboard: bool = option(False, Flag(  # local mode: start Ray's dashboard too
         "--dashboard", "start Ray's dashboard with the local cluster and print its address "
         "(a joined cluster has its own)"))

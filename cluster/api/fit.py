@@ -64,6 +64,9 @@ def fit(build_model: Callable | str, train, validation=None, *, num_workers: int
     Raises a TowerpsError naming the problem before any actor starts when
     the model, its optimizer or the data cannot be used.
     """
+    from towerps.cluster.observe.logs import quiet_tensorflow
+
+    quiet_tensorflow(options.get("verbose", False))  # as quiet as the CLI
     build_model = resolve_ref(build_model, "build_model")
     data = UserData.of(train, validation, columns)
     ship_by_value(build_model, *([train] if data.kind == "tf_data" else []))
@@ -77,7 +80,7 @@ def fit_job(user: UserJob, progress: bool | None = None, **fields) -> FitResult:
     from towerps.cluster.run.driver import train_model
 
     fields.setdefault("model_fn", describe(user.build_model))
-    config = TrainConfig(dataset=user.data.kind, **fields)
+    config = TrainConfig(**{"dataset": user.data.kind, **fields})  # or a built-in one's name
     summary, model = train_model(config, progress, user)
     return FitResult(summary, model, _history(summary))
 

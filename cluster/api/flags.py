@@ -8,10 +8,10 @@
 
 A flag that sets a field is declared on the field (src/towerps/options.py:
 TrainConfig's, Mode's and DeviceConfig's); the few that set none are
-declared here: --config and --resume of train; --modes, --staleness-lr and
+declared here: --config, --resume and --overwrite of train; --modes, --staleness-lr and
 --target-accuracy of compare; and the retired --slow-worker and
 --slow-tower, still accepted but not listed (test seams now: towerps.testing).
-job.yaml holds every listed flag of train (cluster/api/jobfile.py).
+job.yaml holds every listed flag of train the run used (cluster/api/jobfile.py).
 """
 
 from __future__ import annotations
@@ -51,6 +51,14 @@ COMMAND_FLAGS = (
          "the uninterrupted run's, bit for bit. A run of your own model (`--model`, `--data`) "
          "imports both again; one trained on a tf.data or Ray Data stream, or started from "
          "`towerps.fit`, is refused (a stream's position is not in the checkpoint)"),
+    Flag("--overwrite", "start afresh in a --run-dir that already holds a run, deleting "
+         "that run's results (without it such a directory is refused)", default=False,
+         commands=("train",),
+         doc="start afresh in a `--run-dir` that already holds a run (its `config.json`, "
+         "`summary.json` or `checkpoints/`), deleting what that run wrote there; without it "
+         "such a directory is refused, naming `--resume` and `--overwrite`. `--config "
+         "runs/x/job.yaml` repeats run x in a new directory beside it (`runs/x-2`, "
+         "`runs/x-3`, ...) unless `--run-dir` (or `--overwrite`) is given"),
     Flag("--modes", "comma-separated: sync, backup:B, async, ssp:S; +lr for staleness-aware "
          "lr", default="sync,async,ssp:2", commands=("compare",)),
     Flag("--staleness-lr", "staleness-aware lr for every async/ssp mode", default=False,

@@ -8,14 +8,17 @@ written back into the run directory so that any run can be repeated exactly.
     steps: 300
 
     towerps train --config job.yaml --steps 50      # flags given after win
-    towerps train --config runs/x/job.yaml          # repeats run x
+    towerps train --config runs/x/job.yaml          # repeats run x, in runs/x-2
 
 The file's entries become command-line tokens placed before the real ones,
 so argparse checks them (types, choices) exactly as it checks flags, and a
 flag on the command line overrides the file. An unknown key is an error
 naming it and the keys there are. The keys are the flags' (cluster/api/flags.py,
-made from TrainConfig's fields): every listed flag of `train` is written; a
-retired flag's key is still read (older runs' job.yaml hold it).
+made from TrainConfig's fields): every listed flag of `train` the run used is
+written (a model of one's own records no --optimizer, nor a --dataset it did
+not train on); a retired flag's key is still read (older runs' job.yaml hold
+it). A file that names a run directory already holding a run repeats that
+run in a new directory beside it (cluster/api/run_dirs.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from towerps.private import make_private_dir, write_private_file
 
 JOB_FILE = "job.yaml"
 _NOT_FLAGS = ("help", "config", "command")
+_NOT_WRITTEN = ("overwrite",)
 
 
 def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -49,6 +53,11 @@ def file_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
         raise ConfigError(f"--config {path}: expected a mapping of flag names to values, "
                           f"got {type(entries).__name__}")
     actions = _actions(parser)
+    if entries.get("data") and {"dataset", "data-dir", "data_dir"} & set(entries):
+        # What older versions wrote for a --model/--data run: its data set
+        # entries were never used (the data function's data was).
+        entries = {k: v for k, v in entries.items() if k not in ("dataset", "data_dir",
+                                                                  "data-dir")}
     tokens: list[str] = []
     for key, value in entries.items():
         action = actions.get(str(key).replace("-", "_"))
@@ -73,13 +82,19 @@ def _tokens(action: argparse.Action, value) -> list[str]:
 
 
 def write_job_file(run_dir: str, args: argparse.Namespace,
-                   parser: argparse.ArgumentParser) -> str:
-    """Every flag's resolved value, as a file `--config` reads back; returns its path."""
+                   parser: argparse.ArgumentParser, unused: tuple[str, ...] = ()) -> str:
+    """Every flag's resolved value, as a file `--config` reads back; returns its path.
+
+    `unused`: keys of flags the run did not use (a model of one's own has no
+    --optimizer), left out so the file records only what the run was. How
+    the directory was claimed (--overwrite) is no part of the run."""
     import yaml
 
     values = {}
     for dest, action in _actions(parser).items():
         if action.help is argparse.SUPPRESS:  # a retired flag: read, never written
+            continue
+        if dest in unused or dest in _NOT_WRITTEN:
             continue
         value = getattr(args, dest, None)
         values[dest] = list(value) if isinstance(value, tuple) else value

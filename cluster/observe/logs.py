@@ -1,6 +1,7 @@
 """What a run prints: towerps' own lines, and the start-up noise of others hidden.
 
     log_to_stderr(verbose=False)          # the CLI, once
+    quiet_tensorflow(verbose=False)       # towerps.fit, at its start
     with quiet_native_stderr():           # around `import tensorflow`
         import tensorflow
 
@@ -69,6 +70,39 @@ def import_tensorflow(verbose: bool) -> None:
     with quiet_native_stderr(not verbose):
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
+
+
+def quiet_tensorflow(verbose: bool) -> None:
+    """An entry point's TensorFlow as quiet as the CLI's (towerps.fit): its
+    C++ logs above INFO unless `verbose` (unless the user chose a level),
+    and imported now, its start-up lines held back."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "2")
+    import_tensorflow(verbose)
+
+
+def quiet_ray_data(datasets, verbose: bool) -> None:
+    """Ray Data's progress off the console unless `verbose`: no progress bars
+    and no start-of-execution lines for `datasets` (each Dataset keeps the
+    DataContext it was made with, so setting the current one is not enough)
+    nor for Ray Data in this process, and its INFO lines only in its log
+    file (ray-data.log in the Ray session's logs folder)."""
+    if verbose:
+        return
+    from ray.data import DataContext
+
+    for context in [DataContext.get_current(), *(d.context for d in datasets)]:
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler):  # the console; not its file
+            handler.setLevel(logging.WARNING)
+            if _progress_note not in handler.filters:
+                handler.addFilter(_progress_note)
+
+
+def _progress_note(record: logging.LogRecord) -> bool:
+    """False for Ray Data's warning that its progress bars are off (we turned them off)."""
+    return not record.getMessage().startswith("Progress bars disabled")
 
 
 def ray_logging_level(verbose: bool) -> int:

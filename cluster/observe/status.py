@@ -27,10 +27,16 @@ addresses must carry the MAC of the job's observer token (the only
 credential it holds and sends: Status only), and every string from a file
 is printed with its control characters escaped (`printable`), so a file
 cannot drive the terminal.
+
+A run that has ended (its summary.json is newer than the start of the
+run in cluster.json; a --resume under way is not ended) shows how it
+ended instead, from summary.json (`ended_run`): its shards are gone, so
+asking them would only say "down".
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -44,7 +50,7 @@ from towerps.cluster.observe.observers import WORKERS_FILE, read_workers_file
 from towerps.cluster.run.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.private import check_private_file
+from towerps.private import check_private_dir, check_private_file
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
 
@@ -195,6 +201,10 @@ def status(run_dir: str, token_file: str | None = None, watch: bool = False,
     Each table is flushed as a whole, so a pipe (`| tee`) sees it at once."""
     out = out or (lambda text: print(text, flush=True))
     run_dir = os.path.expanduser(run_dir)
+    ended = ended_run(run_dir)
+    if ended is not None:
+        out(ended[0])
+        return ended[1]
     reader = ShardReader(*read_cluster_json(run_dir, token_file))
     stop = _ctrl_c_sets() if watch else threading.Event()
     try:
@@ -231,6 +241,57 @@ def _escaped(char: str) -> str:
     code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else (
         f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+
+
+# How a run ended, by summary.json's "stopped": 0 for the ends a user asks for.
+CLEAN_ENDS = ("steps", "budget", "interrupted")
+
+
+def ended_run(run_dir: str) -> tuple[str, int] | None:
+    """(how the run in `run_dir` ended, from its summary.json; the exit
+    status: 0 for an end the user asked for, 1 otherwise), or None while
+    it has not ended: no summary.json, or one written before the run now
+    under way started (cluster.json's written_at_s: a --resume)."""
+    if os.path.lexists(run_dir):
+        check_private_dir(run_dir)
+    summary = _read_json(os.path.join(run_dir, "summary.json"))
+    if summary is None:
+        return None
+    cluster = _read_json(os.path.join(run_dir, "cluster.json")) or {}
+    if cluster.get("written_at_s", 0.0) > summary.get("train_started_at_s", 0.0):
+        return None
+    stopped, steps = summary.get("stopped", "steps"), summary.get("steps")
+    how = {"steps": f"finished its {steps} steps",
+           "budget": f"its time budget of {summary.get('budget_s')} s ended it at step {steps}",
+           "interrupted": f"stopped by {summary.get('stop_signal')} at step {steps}",
+           }.get(stopped, f"stopped ({stopped}) at step {steps}")
+    lines = [f"run {run_dir}  (ended: {how})",
+             f"{summary.get('num_workers')} workers, {summary.get('num_ps')} shards, "
+             f"mode {summary.get('mode_label') or summary.get('mode')}; "
+             f"{summary.get('wall_s', 0.0):.1f} s training, "
+             f"{summary.get('examples_per_s', 0.0):,.0f} examples/s"]
+    metrics = summary.get("test_metrics") or {}
+    if metrics:
+        lines.append("test " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    recoveries = summary.get("recoveries") or []
+    if recoveries:
+        lines.append(f"{len(recoveries)} recoveries: " + ", ".join(
+            f"{'shard' if r['role'] == 'ps' else 'worker'} {r['index']} at version "
+            f"{r['died_at_version']}" for r in recoveries))
+    lines.append(f"(its shards and workers are gone; the results are in {run_dir})")
+    return "\n".join(map(printable, lines)), 0 if stopped in CLEAN_ENDS else 1
+
+
+def _read_json(path: str) -> dict | None:
+    """A file of the run directory as JSON (UnsafePath if another user's
+    or writable by others), or None when it is not there or half written."""
+    if os.path.lexists(path):
+        check_private_file(path)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None  # none yet, or being written
 
 
 def _ctrl_c_sets() -> threading.Event:

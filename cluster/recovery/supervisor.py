@@ -27,7 +27,9 @@ node's recovery too (`_unless_node_lost`, the one place this is handled).
 Every rollback goes through `_roll_back`: the shards go back to checkpoint
 c, the generation grows by one and a Redirect to c is handed to every
 worker. No other class writes the generation or the redirect. Each
-recovery is a `Recovery` record (summary.json's `recoveries`).
+recovery is a `Recovery` record (summary.json's `recoveries`), and the
+history of them, with a resumed run's earlier ones first, is kept in the
+run directory's recoveries.json after each (history.py).
 
 The invariants all this rests on, and the windows it accepts, are written
 down once in cluster/recovery/__init__.py.
@@ -46,6 +48,7 @@ import ray
 
 from towerps.cluster.api.summary import Recovery
 from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
+from towerps.cluster.recovery.history import load_history, save_history
 from towerps.cluster.recovery.node_loss import NodeLosses
 from towerps.cluster.recovery.policy import Action, Decision
 from towerps.cluster.run.remote import alive_node_ids
@@ -98,10 +101,22 @@ class Supervisor:
 
     def __init__(self, job):
         self.job = job  # cluster/run/job.py's Job: the hands that start and stop actors
-        self.recoveries: list[Recovery] = []
+        self.recoveries: list[Recovery] = []  # this run's
+        # A resumed run's recoveries before the resume (recoveries.json).
+        self.earlier: list[Recovery] = (load_history(job.run_dir)
+                                        if job.resume_version is not None else [])
         self._redirect: Redirect | None = None  # the latest rollback's
         self._losses = NodeLosses(job.placements, job.config, job.streams_data)
         self._moves = Moves()  # what the watch loop must follow
+
+    @property
+    def history(self) -> list[Recovery]:
+        """Every recovery of the run, across --resume: the earlier ones, then this run's."""
+        return [*self.earlier, *self.recoveries]
+
+    def save_history(self) -> None:
+        """The history into the run directory's recoveries.json (what --resume reads)."""
+        save_history(self.job.run_dir, self.history)
 
     @property
     def generation(self) -> int:
@@ -125,6 +140,7 @@ class Supervisor:
             raise ValueError(f"{decision.action} is not a recovery")
         moved = self._moves.take()
         back = ShardsBack(self.job.client(), *moved) if moved is not None else None
+        self.save_history()  # a driver killed later loses none of them
         return Recovered({r: ref for r, ref in runs.items() if ref is not None}, back)
 
     def behind(self, reports) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ driver as the original towerps exception rather than as a dead actor.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from dataclasses import asdict, dataclass, replace
@@ -92,7 +93,7 @@ class ShardActor:
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
               mode=None, end_version: int | None = None, state: dict | None = None,
               checkpoints=None, max_examples: int | None = None, credentials=None,
-              same_node: str | None = None, sockets=None) -> dict:
+              same_node: str | None = None, sockets=None, verbose: bool = False) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -108,6 +109,8 @@ class ShardActor:
         through shared memory (src/towerps/shm.py; None: gRPC only);
         `sockets` the run's ShardSockets (cluster/run/sockets.py): on a
         one-node cluster the shard listens on a Unix socket there (None: TCP).
+        `verbose` shows TensorFlow's start-up lines when a Keras optimizer
+        loads it (hidden otherwise, as in the CLI and the workers).
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter, ShardLayout, checkpoint_key
@@ -119,6 +122,10 @@ class ShardActor:
         if isinstance(optimizer, str):
             optimizer = make_optimizer(optimizer, lr)
         else:
+            if optimizer.runs_keras:  # Keras' own optimizer: TensorFlow, quietly
+                from towerps.cluster.observe.logs import import_tensorflow
+
+                import_tensorflow(verbose)
             optimizer = optimizer.build()
         if checkpoints is not None and credentials is not None:
             # The job's checkpoint key comes with its secret, never inside the store.
@@ -210,12 +217,25 @@ class ShardActor:
         return self._shard.end_at(version)
 
     def stop(self) -> None:
+        """Close the shard, stop its gRPC server and let go of it, finish the
+        checkpoint writes, sweep the node's segments. Idempotent; the driver
+        calls it on every shard before Ray ends the processes (Job.stop).
+
+        Everything the shard holds is released here, not left to the
+        garbage collector at the process's end: a gRPC server (or the
+        checkpoint sink's actor handle) deleted while Ray's SIGTERM handler
+        unwinds the process prints `Exception ignored in: <function
+        _Server.__del__>` and a SystemExit traceback to the user's terminal."""
         if self._shard is not None:
             self._shard.close()
-        if self._server is not None:
-            self._server.stop(grace=1.0).wait()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=1.0).wait()
         if self._writer is not None:
             self._writer.close()  # parts already copied are still written
+        del server
+        self._shard = self._writer = self._checkpoints = None
+        gc.collect()  # their __del__ run now, in this call
         if self._same_node is not None:  # the run's segments on this node, a dead worker's too
             from towerps.shm import sweep
 

@@ -12,11 +12,15 @@ and the PNG plots compare them (cluster/observe/report.py).
 Modes: sync, backup:B (sync with B backup workers), async, ssp:S; a trailing
 +lr turns on the staleness-aware learning rate for that entry. A straggler
 (the second command) is a test seam, towerps.testing's: the report names it.
+
+A line names each mode as it starts; where the shards and workers landed
+is told once, for the first (every run places the same job).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 
@@ -27,6 +31,7 @@ from towerps.cluster.run.session import ray_session
 from towerps.errors import ConfigError
 from towerps.ps.modes import Mode
 
+log = logging.getLogger("towerps")
 EVAL_POINTS = 16  # test evaluations per run: between 16 and 32, evenly spaced in time
 
 
@@ -76,11 +81,20 @@ def compare(
     )
     configs = mode_configs(base, modes, run_dir)
     summaries = []
+    placement = logging.getLogger("towerps.placement")  # cluster/run/reservation.py's lines
+    level = placement.level
     with ray_session(base.address, num_cpus=base.num_workers + base.num_ps,
                      verbose=base.verbose, dashboard=base.dashboard):
-        for config in configs:
-            summaries.append(train(config, progress))
-            if summaries[-1].stopped == "interrupted":
-                break  # the report covers the modes run so far
+        try:
+            for k, config in enumerate(configs, 1):
+                log.info("mode %s (%d of %d), into %s", config.mode.label, k, len(configs),
+                         config.run_dir)
+                summaries.append(train(config, progress))
+                if summaries[-1].stopped == "interrupted":
+                    break  # the report covers the modes run so far
+                if not base.verbose:
+                    placement.setLevel(logging.WARNING)  # the same placement: told once
+        finally:
+            placement.setLevel(level)
     report = write_report(run_dir, summaries, target_accuracy)
     return {**report, "run_dir": run_dir, "summaries": summaries}

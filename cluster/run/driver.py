@@ -33,6 +33,7 @@ its version, and the run ends as the uninterrupted one would have.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tempfile
 import threading
@@ -44,13 +45,14 @@ import numpy as np
 
 from towerps import __version__
 from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
+from towerps.cluster.recovery.history import resume_line
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.api.jobfile import JOB_FILE
 from towerps.cluster.run.placements import PLACEMENT_FILE
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
 from towerps.cluster.run.job import Job, Payload, Trained
-from towerps.cluster.observe.logs import import_tensorflow
+from towerps.cluster.observe.logs import import_tensorflow, quiet_ray_data
 from towerps.cluster.observe.metrics import RayMetrics
 from towerps.cluster.observe.observers import Observers, WorkersFile
 from towerps.cluster.run.reservation import fit_to_cluster
@@ -74,6 +76,7 @@ if TYPE_CHECKING:  # TensorFlow loads on a thread while Ray starts (_Preparing)
 # Local mode with a Ray Data set: logical CPUs left free for its read and map tasks,
 # so the job never waits for CPUs its own actors hold.
 RAY_DATA_CPUS = 2
+log = logging.getLogger("towerps")
 
 def train(config: TrainConfig, progress: bool | None = None,
           user: UserJob | None = None, resume: bool = False) -> RunSummary:
@@ -108,6 +111,8 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
            stop: StopRequest) -> tuple[RunSummary, keras.Model]:
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     resume_version = latest_checkpoint(config, run_dir) if resume else None
+    if resume_version is not None:
+        log.info(resume_line(resume_version, run_dir, steps_to_go(config, resume_version)))
     if user is not None:
         prepared = prepare_user(config, user)
         # The summary names the optimizer the model compiled with.
@@ -116,6 +121,8 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     else:
         building = _build_while_ray_starts(config, load_data(config))
     spare = RAY_DATA_CPUS if user is not None and user.data.kind == "ray_data" else 0
+    if spare:  # its progress to its log file, not the console, unless --verbose
+        quiet_ray_data(user.data.ray_datasets(), config.verbose)
     t_start = time.time()
     with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
                                verbose=config.verbose, dashboard=config.dashboard):
@@ -143,6 +150,8 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     observers.close()
     summary = summarize(config, prepared, job, trained, evals,
                         startup_s=trained.train_started_at_s - t_start, stop=stop)
+    if job.supervisor is not None:
+        job.supervisor.save_history()  # with each recovery's first update, for a --resume
     # The checkpoint's first: the model handed back holds the final state.
     export_checkpoint_model(prepared, job)
     save(prepared, trained, summary)
@@ -237,6 +246,11 @@ def _check_cpus_left_for_ray_data(config: TrainConfig) -> None:
             f"the Ray cluster has {total:g} CPUs and this job's {held} actors hold {held}: "
             f"none is left for Ray Data's tasks; start Ray with more CPUs (ray.init(num_cpus="
             f"{held + RAY_DATA_CPUS})) or let towerps start it (no ray.init before fit)")
+
+
+def steps_to_go(config: TrainConfig, version: int) -> int:
+    """Global batches left to train from checkpoint `version` to the run's end."""
+    return max(config.steps - version // config.mode.updates_per_step(config.num_workers), 0)
 
 
 def resume_config(run_dir: str, address: str | None = None, steps: int | None = None,
@@ -481,5 +495,5 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         stopped=("interrupted" if watched.interrupted or stop.requested
                  else "budget" if watched.ended_early else "steps"),
         stop_signal=stop.signal_name,
-        recoveries=list(job.supervisor.recoveries) if job.supervisor else [],
+        recoveries=job.supervisor.history if job.supervisor else [],
     )

@@ -58,6 +58,7 @@ from towerps.workers.seams import installed
 
 FINAL_PULL_TIMEOUT_S = 60.0
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
+STOP_TIMEOUT_S = 20.0  # for every shard to stop its server (all at once), loaded machine too
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,7 +173,8 @@ class Job:
                                 num_workers=c.num_workers, mode=c.mode,
                                 end_version=c.end_version, max_examples=c.batch_size,
                                 credentials=self.security.shard,
-                                same_node=self.segment_prefix, sockets=self.sockets)
+                                same_node=self.segment_prefix, sockets=self.sockets,
+                                verbose=c.verbose)
         checkpoints = self._shard_checkpoints()
         records = get([
             shard.start.remote(
@@ -380,8 +382,7 @@ class Job:
         spares = self.spares.actors() if self.spares else []
         for actor in self.workers + spares:  # first: none makes a segment after the shards' sweep
             ray.kill(actor)
-        for actor in self.shards:
-            _stop_quietly(actor)
+        _stop_quietly(self.shards)
         for actor in self.shards + [self.sink] * (self.sink is not None):
             ray.kill(actor)
         self.shards, self.workers, self.sink, self.spares = [], [], None, None
@@ -428,8 +429,10 @@ def sweep_earlier_runs(run_dir: str) -> list[str]:
     return [name for prefix in sorted(p for p in prefixes if p) for name in sweep(prefix)]
 
 
-def _stop_quietly(actor) -> None:
-    try:
-        ray.get(actor.stop.remote(), timeout=10)
-    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-        pass  # the actor is gone already; ray.kill follows
+def _stop_quietly(shards: list, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Every shard's `stop`, together, waiting up to `timeout_s` for them all:
+    their gRPC servers end before Ray ends their processes. A shard gone
+    already, or too slow, is left to ray.kill, which follows."""
+    refs = [actor.stop.remote() for actor in shards]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

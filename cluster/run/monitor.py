@@ -26,20 +26,28 @@ ended before a rollback, and the loop follows what it did (the replacement's
 `run` call; shards gone back to a checkpoint, at new addresses). Without
 one, the first death fails the run. What recovery guarantees is written
 down in cluster/recovery/__init__.py.
+
+What the user sees (cluster/recovery/history.py): a line for each recovery
+once it is done (what died, who took over, from which version, how long
+it took), and a line when no update has come for STALL_S while training,
+then one when updates go on; printed above the progress bar.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 
 import ray
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from towerps.cluster.observe.evals import Snapshot, Snapshots
 from towerps.cluster.observe.observers import Observer
+from towerps.cluster.recovery.history import Stall, recovery_line
 from towerps.cluster.recovery.ledger import Counting, Ledger, examples_at
 from towerps.cluster.recovery.policy import (RECOVERING, Action, Decision, Event,
                                              RecoveryPolicy, Status)
@@ -49,6 +57,7 @@ from towerps.private import open_private
 
 POLL_S = 0.25  # how long a poll waits for the workers' runs before reading the log
 REPORT_S = 1.0  # how often the workers are asked for their figures
+log = logging.getLogger("towerps")
 
 
 @dataclass
@@ -108,6 +117,7 @@ class _Watch:
         self.snapshots = Snapshots(eval_points) if eval_points else None
         self.replies: list = []  # every shard's latest StatusReply
         self.ending = self.interrupted = False  # the shards were told to end; by a signal
+        self.stall = Stall()
         self.bar = self.metrics = None  # set while run() runs
 
     def run(self, progress: bool | None) -> WatchResult:
@@ -118,7 +128,7 @@ class _Watch:
                         initial=ledger.seen, unit="update",
                         disable=None if progress is None else not progress)
         try:
-            with self.bar, open_private(path, "w") as self.metrics:
+            with self.bar, open_private(path, "w") as self.metrics, logging_redirect_tqdm([log]):
                 self.metrics.writelines(json.dumps(r) + "\n" for r in kept)
                 while True:
                     status = self.poll()
@@ -178,7 +188,11 @@ class _Watch:
                     self.observer.lost(rank)
             if action is Action.RUN_AGAIN:
                 self.runs.forget_ended(decision.ranks)
+            done = len(self.supervisor.recoveries)
             recovered = self.supervisor.recover(decision, self.ledger.seen)
+            for recovery in self.supervisor.recoveries[done:]:
+                log.warning(recovery_line(recovery))
+            self.stall.reset()
             self.runs.start(recovered.runs)
             self._follow(recovered.back)
             return True
@@ -186,6 +200,9 @@ class _Watch:
         if action is Action.FINISH:
             return False
         self.figures.poll(self.ledger.seen, status.replies, self.observer)
+        stalled = self.stall.check(self.ledger.seen)
+        if stalled is not None and not self.ending:
+            log.warning(stalled)
         if action is Action.END_RUN:
             self._end(status)
         self._snapshot()

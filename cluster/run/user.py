@@ -26,6 +26,7 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from towerps.choices import DATASETS
 from towerps.errors import ConfigError
 
 DATA_KINDS = ("arrays", "tf_data", "ray_data")
@@ -128,6 +129,11 @@ class UserData:
                           "give (x, y) arrays, a tf.data.Dataset of (x, y) batches, or a "
                           "ray.data.Dataset")
 
+    def ray_datasets(self) -> list:
+        """The ray.data.Datasets among the training and validation data."""
+        return [d for d in (self.train, self.validation)
+                if type(d).__module__.startswith("ray.data")]
+
     def check_mode(self, mode) -> None:
         """Ray Data splits advance together: refuse modes where a worker lags or skips."""
         if self.kind == "ray_data" and (mode.name != "sync" or mode.backup_workers):
@@ -152,6 +158,16 @@ def ship_by_value(*functions) -> None:
         if module.__name__.split(".")[0] == "towerps":
             continue
         cloudpickle.register_pickle_by_value(module)
+
+
+def builtin_data(name: str, data_dir: str | None = None, download: bool = True,
+                 seed: int = 0) -> UserData:
+    """A built-in data set (--dataset) as (x, y) arrays for a model of one's
+    own: its training set to train on, its test set to validate on."""
+    from towerps.workers.data import load_dataset, prepared_arrays
+
+    train, test = prepared_arrays(load_dataset(name, data_dir, download=download, seed=seed))
+    return UserData("arrays", train, test)
 
 
 def load_data(ref: str) -> UserData:
@@ -205,6 +221,11 @@ def resumed_job(config) -> UserJob | None:
     """
     if config.model_fn is None:
         return None
+    if config.data_fn is None and config.dataset in DATASETS:  # --model with --dataset
+        build = resolve_ref(config.model_fn, "--model")
+        ship_by_value(build)
+        return UserJob(build, builtin_data(config.dataset, config.data_dir, config.download,
+                                           config.seed))
     if config.data_fn is None:
         raise ConfigError(
             f"the run in {config.run_dir} trained data handed to towerps.fit, which --resume "

@@ -59,3 +59,13 @@ def fails_in_workers():
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
         raise RuntimeError("out of memory building the model (raised in a worker)")
     return regression()
+
+
+def flat_classifier():
+    """For a built-in data set (--dataset synthetic, fashion_mnist): 28x28x1 images, 10 classes."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model

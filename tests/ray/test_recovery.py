@@ -117,7 +117,7 @@ def assert_as_clean(run_dir, summary, clean) -> None:
 
 
 def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_failures(
-        clean, tmp_path):
+        clean, tmp_path, caplog):
     """One sync run, three failures, each at a moment a test seam fixes:
     shard 1 SIGKILLed while worker 0 holds before step 6 (every shard back to
     checkpoint 4); worker 2 dying in its push of step 9 after reaching shard 0
@@ -165,6 +165,13 @@ def test_killed_shards_and_workers_come_back_and_the_run_ends_as_without_the_fai
     assert_as_clean(run_dir, summary, clean)
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert [r["role"] for r in on_disk["recoveries"]] == ["ps", "worker", "worker"]
+    # A console line for each, and the history where a --resume finds it.
+    lines = [r.getMessage() for r in caplog.records if r.name == "towerps"]
+    assert any(line.startswith("shard 1 died at version") and "from checkpoint v4" in line
+               for line in lines), lines
+    assert any(line.startswith("worker 1 died at version") and "from version 13, in " in line
+               for line in lines), lines
+    assert json.loads((run_dir / "recoveries.json").read_text()) == on_disk["recoveries"]
 
 
 def kill(*pids: int) -> None:
@@ -329,6 +336,7 @@ def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_k
     resumed = subprocess.run([str(TOWERPS), "train", "--resume", str(run_dir)],
                              capture_output=True, text=True, timeout=TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from checkpoint v4 in {run_dir}: " in resumed.stderr
     wait_gone(pids, 120.0)
     assert not [pid for pid in pids if running(pid)], "processes of the killed run outlived it"
     # Nobody swept the killed run's shared memory but the resumed run's start.

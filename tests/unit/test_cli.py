@@ -6,7 +6,8 @@ import pytest
 
 from towerps.cluster.api import cli
 from towerps.cluster.api.config import TrainConfig
-from towerps.errors import ConfigError
+from towerps.errors import (ActorDied, ActorFailed, ClusterError, ConfigError, DataSetNotFound,
+                            PullTimeout, ShardUnavailable)
 from towerps.ps.modes import Mode
 
 from tests.unit.fresh import run_fresh
@@ -179,3 +180,26 @@ def test_an_install_without_tensorflow_names_the_extras_that_bring_it(monkeypatc
     error = capsys.readouterr().err.strip()
     assert error.startswith("towerps: error: TensorFlow is not installed")
     assert "pip install 'towerps[cpu]'" in error and "'towerps[gpu]'" in error
+
+
+@pytest.mark.parametrize("error, status", [
+    (ActorFailed("RuntimeError: out of memory (raised in a worker)"), 1),
+    (ActorDied("worker 1 died"), 1),
+    (ShardUnavailable("shard 0 at 127.0.0.1:1 did not answer"), 1),
+    (PullTimeout("version 12 did not appear within 300 s"), 1),
+    (ConfigError("--steps must be at least 1, got 0"), 2),
+    (DataSetNotFound("cifar-10-binary.tar.gz is not in DIR"), 2),
+    (ClusterError("the Ray cluster cannot place one PS shard"), 2),
+])
+def test_a_run_that_fails_while_it_runs_exits_1_and_bad_input_2(monkeypatch, capsys, tmp_path,
+                                                                 error, status):
+    import towerps.cluster.run.driver as driver
+
+    def train(config, resume=False, user=None):
+        raise error
+
+    monkeypatch.setattr(driver, "train", train)
+    code = cli.main(["train", "--dataset", "synthetic", "--steps", "2",
+                     "--run-dir", str(tmp_path / "run")])
+    assert code == status
+    assert capsys.readouterr().err == f"towerps: error: {error}\n"

@@ -90,7 +90,9 @@ def argv_of(config: TrainConfig, command: str = "train") -> list[str]:
     """`config` as the flags of `command` that set fields."""
     argv = ["--model", config.model_fn] if config.model_fn else []
     for e in entries(command):
-        if config.model_fn and e.path and e.path[0] in cli.OWN_MODEL_IGNORES:
+        if not e.path:
+            continue  # --config, --resume, --overwrite: no field of the configuration
+        if config.model_fn and e.path[0] in cli.OWN_MODEL_IGNORES:
             continue  # a model of one's own: --model names it, and its data is --data
         value = config
         for name in e.path or [None]:

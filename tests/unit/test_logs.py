@@ -54,3 +54,60 @@ def test_the_descriptor_is_restored_after_an_error(capfd):
         raise RuntimeError("import failed")
     os.write(2, b"after\n")
     assert capfd.readouterr().err == KEPT[2] + "after\n"
+
+
+def test_a_keras_optimizer_and_towerps_fit_load_tensorflow_as_quietly_as_the_cli():
+    """What a shard running RMSprop and towerps.fit do first (quiet_tensorflow),
+    in a process whose environment sets no TensorFlow log level."""
+    import subprocess
+    import sys
+
+    code = ("from towerps.cluster.observe.logs import quiet_tensorflow\n"
+            "quiet_tensorflow(False)\n"
+            "import keras, tensorflow as tf\n"
+            "v = keras.Variable([1.0])\n"
+            "keras.optimizers.RMSprop().apply_gradients([(tf.ones(1), v)])\n"
+            "print(float(v.numpy()[0]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout) < 1.0  # it trained
+    assert done.stderr == ""
+
+
+def test_ray_data_s_progress_leaves_the_console_unless_verbose():
+    import logging
+    from types import SimpleNamespace
+
+    from ray.data import DataContext
+
+    from towerps.cluster.observe import logs
+    from towerps.cluster.observe.logs import quiet_ray_data
+
+    made_earlier = SimpleNamespace(context=DataContext())  # a Dataset keeps its own context
+    quiet_ray_data([made_earlier], verbose=True)
+    assert made_earlier.context.enable_progress_bars
+    current = DataContext.get_current()
+    saved = (current.enable_progress_bars, current.print_on_execution_start)
+    handlers = logging.getLogger("ray.data").handlers
+    levels = [h.level for h in handlers]
+    try:
+        quiet_ray_data([made_earlier], verbose=False)
+        for context in (made_earlier.context, current):
+            assert not context.enable_progress_bars and not context.print_on_execution_start
+        for handler in handlers:  # the console says warnings only; its log file says all
+            console = isinstance(handler, logging.StreamHandler)
+            assert (handler.level == logging.WARNING) == console, handler
+        assert any(not isinstance(h, logging.StreamHandler) for h in handlers)
+        console = next(h for h in handlers if isinstance(h, logging.StreamHandler))
+        note = logging.LogRecord("ray.data", logging.WARNING, __file__, 1,
+                                 "Progress bars disabled. To enable, set ...", None, None)
+        assert not console.filter(note)  # we turned them off: no need to say so
+        note.msg = "Insufficient CPUs: the job waits"
+        assert console.filter(note)
+    finally:
+        current.enable_progress_bars, current.print_on_execution_start = saved
+        for handler, level in zip(handlers, levels):
+            handler.setLevel(level)
+            handler.filters = [f for f in handler.filters if f is not logs._progress_note]

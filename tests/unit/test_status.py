@@ -154,3 +154,40 @@ def test_a_cluster_json_changed_after_the_job_wrote_it_is_refused(tmp_path, tamp
     write_private_file(path, json.dumps(record))
     with pytest.raises(ConfigError, match="does not check with the job's observer token"):
         read_cluster_json(str(run_dir))
+
+
+def ended(tmp_path, cluster_at_s: float, **summary) -> None:
+    (tmp_path / "cluster.json").write_text(json.dumps({"written_at_s": cluster_at_s}))
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "steps": 1000, "num_workers": 2, "num_ps": 2, "mode": "sync", "mode_label": "sync",
+        "wall_s": 61.5, "examples_per_s": 2081.3, "train_started_at_s": 1000.0,
+        "test_metrics": {"accuracy": 0.8512}, "recoveries": [], "stopped": "steps",
+        **summary}))
+
+
+def test_an_ended_run_shows_how_it_ended_not_its_gone_shards(tmp_path, capsys):
+    from towerps.cluster.observe.status import status
+
+    ended(tmp_path, 990.0)
+    assert status(str(tmp_path)) == 0  # no shard is asked: none answers any more
+    table = capsys.readouterr().out
+    assert f"run {tmp_path}  (ended: finished its 1000 steps)" in table
+    assert "test accuracy 0.8512" in table and "down" not in table and "version" not in table
+
+    ended(tmp_path, 990.0, stopped="interrupted", stop_signal="SIGTERM", steps=412,
+          recoveries=[{"role": "ps", "index": 1, "died_at_version": 300}])
+    assert status(str(tmp_path)) == 0
+    table = capsys.readouterr().out
+    assert "(ended: stopped by SIGTERM at step 412)" in table
+    assert "1 recoveries: shard 1 at version 300" in table
+
+    ended(tmp_path, 990.0, stopped="ray_lost")
+    assert status(str(tmp_path)) == 1  # not an end the user asked for
+    assert "(ended: stopped (ray_lost) at step 1000)" in capsys.readouterr().out
+
+
+def test_a_run_resumed_over_its_old_summary_is_not_ended(tmp_path):
+    from towerps.cluster.observe.status import ended_run
+
+    ended(tmp_path, 2000.0)  # cluster.json rewritten by the resumed run, after that summary
+    assert ended_run(str(tmp_path)) is None

@@ -23,8 +23,9 @@ class Job:
     config = TrainConfig(num_workers=3, batch_size=96, checkpoint_every=4)
     streams_data = False
 
-    def __init__(self):
+    def __init__(self, run_dir: str = "", resume_version: int | None = None):
         self.placements = Placements()
+        self.run_dir, self.resume_version = run_dir, resume_version
 
 
 def record(version: int, applied_at_s: float) -> StepRecord:
