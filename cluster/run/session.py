@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import ray
+from ray._private import services
 
 import towerps
 from towerps.cluster.recovery.interrupts import Interrupted
@@ -80,6 +81,7 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # fits; each one is mostly waiting on the others in sync training.
         # address="local" always starts a new instance: a plain ray.init()
         # would join the latest cluster `ray start` left on this machine.
+        daemons_in_own_session()
         try:
             context = ray.init(
                 address="local",
@@ -106,6 +108,36 @@ def ray_session(address: str | None, num_cpus: int | None = None,
             ray.shutdown()
         else:
             stop_local_ray()
+
+
+class _OwnSessionPopen(services.ConsolePopen):
+    """Ray's ConsolePopen, starting its process in a new session (setsid)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["start_new_session"] = True
+        super().__init__(*args, **kwargs)
+
+
+def daemons_in_own_session() -> None:
+    """From now on the Ray daemons this process starts (GCS, raylet, dashboard,
+    log monitor; the raylet's agents and workers are its children) run in a
+    session and process group of their own. Idempotent.
+
+    Why: `timeout`, `scancel`, a terminal's job control and `kill -- -PGID`
+    signal the driver's whole process group. Had the daemons shared it, they
+    would die at the same instant as the driver's handler starts stopping the
+    run, and the driver would wait 60 s for a GCS that is gone, then exit
+    with nothing saved. In their own session only the driver gets the signal
+    and stops the run itself (cluster/recovery/interrupts.py), then Ray.
+
+    They still die with the driver: Ray's kernel fate-sharing sets
+    PR_SET_PDEATHSIG (SIGKILL) in each daemon's preexec_fn, which a new
+    session keeps; a SIGKILLed driver takes them with it. Narrow by design:
+    Ray starts every daemon through `services.start_ray_process`, which
+    builds a `ConsolePopen`; replacing that one name adds start_new_session
+    and changes nothing else (Popen runs setsid before Ray's preexec_fn)."""
+    if os.name == "posix":
+        services.ConsolePopen = _OwnSessionPopen
 
 
 def stop_local_ray(grace_s: float = 10.0) -> None:
