@@ -54,7 +54,7 @@ from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 REPEATED = (signal.SIGTERM, signal.SIGHUP)  # sent more than once for one stop
-REPEAT_S = 2.0  # a SIGTERM/SIGHUP this soon after the first signal repeats it
+REPEAT_S = 5.0  # a SIGTERM/SIGHUP this soon after the first signal repeats it
 
 
 class Interrupted(BaseException):
@@ -88,6 +88,11 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.event.is_set()
+
+    @property
+    def handles(self) -> bool:
+        """Whether `handling` installed handlers (this process's main thread owns it)."""
+        return bool(self._previous)
 
     @property
     def signal_name(self) -> str | None:

@@ -33,6 +33,7 @@ its version, and the run ends as the uninterrupted one would have.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import threading
@@ -47,6 +48,7 @@ from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
+from towerps.cluster.recovery.ray_lost import give_up
 from towerps.cluster.run.job import Job, Payload, Trained
 from towerps.cluster.observe.logs import import_tensorflow
 from towerps.cluster.observe.metrics import RayMetrics
@@ -114,8 +116,11 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
         building = _build_while_ray_starts(config, load_data(config))
     spare = RAY_DATA_CPUS if user is not None and user.data.kind == "ray_data" else 0
     t_start = time.time()
+    # Ray lost under the run: its own line, summary.json and exit 75 (ray_lost.py).
+    on_lost = functools.partial(give_up, config, run_dir, t_start) if stop.handles else None
     with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
-                               verbose=config.verbose, dashboard=config.dashboard):
+                               verbose=config.verbose, dashboard=config.dashboard,
+                               on_lost=on_lost):
         stop.take_over()  # ray.init installed its own SIGTERM handler
         prepared = building.result()
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node

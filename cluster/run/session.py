@@ -33,7 +33,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from ray._private import services
 
 import towerps
 from towerps.cluster.recovery.interrupts import Interrupted
+from towerps.cluster.recovery.ray_lost import DaemonWatch
 from towerps.cluster.observe.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
 
@@ -53,9 +54,12 @@ PARTS = ("ps", "workers", "cluster", "proto")  # towerps' subpackages
 
 @contextmanager
 def ray_session(address: str | None, num_cpus: int | None = None,
-                verbose: bool = False, dashboard: bool = False) -> Iterator[None]:
+                verbose: bool = False, dashboard: bool = False,
+                on_lost: Callable[[str, int], None] | None = None) -> Iterator[None]:
     """Ray for the block; `verbose` shows Ray's and TensorFlow's start-up logs;
-    `dashboard` starts Ray's dashboard with a local cluster."""
+    `dashboard` starts Ray's dashboard with a local cluster. `on_lost(name,
+    pid)`: called on a thread of its own when the GCS or raylet of the local
+    cluster started here dies during the block (cluster/recovery/ray_lost.py)."""
     if ray.is_initialized():
         yield
         return
@@ -101,9 +105,12 @@ def ray_session(address: str | None, num_cpus: int | None = None,
             raise
         if dashboard:
             log.info("Ray dashboard at http://%s", context.dashboard_url)
+    watch = DaemonWatch(local_daemons(), on_lost) if on_lost and not address else None
     try:
         yield
     finally:
+        if watch is not None:
+            watch.stop()  # before Ray ends its daemons on purpose
         if address:
             ray.shutdown()
         else:
@@ -138,6 +145,16 @@ def daemons_in_own_session() -> None:
     and changes nothing else (Popen runs setsid before Ray's preexec_fn)."""
     if os.name == "posix":
         services.ConsolePopen = _OwnSessionPopen
+
+
+def local_daemons() -> dict[str, int]:
+    """{"GCS": pid, "raylet": pid} of the local cluster this process started
+    ({} if it started none). Ray keeps them on its node object only."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    processes = getattr(node, "all_processes", None) or {}
+    names = {"gcs_server": "GCS", "raylet": "raylet"}
+    return {names[kind]: info.process.pid for kind, infos in processes.items()
+            if kind in names for info in infos[:1]}
 
 
 def stop_local_ray(grace_s: float = 10.0) -> None:
