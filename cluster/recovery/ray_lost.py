@@ -51,6 +51,7 @@ class DaemonWatch:
     def __init__(self, daemons: dict[str, int], on_lost: Callable[[str, int], None]):
         self._on_lost = on_lost
         self._stopped = threading.Event()
+        self._fired = threading.Event()  # on_lost was called
         self._fds: dict[int, tuple[str, int]] = {}
         for name, pid in daemons.items():
             with contextlib.suppress(AttributeError, OSError):  # no pidfds, or gone already
@@ -64,14 +65,17 @@ class DaemonWatch:
         while not self._stopped.is_set():
             ended, _, _ = select.select(list(self._fds), [], [], POLL_S)
             if ended and not self._stopped.is_set():
+                self._fired.set()
                 self._on_lost(*self._fds[ended[0]])
                 return
 
     def stop(self) -> None:
-        """End the watch (Ray is about to be shut down on purpose). Idempotent."""
+        """End the watch (Ray is about to be shut down on purpose). Idempotent.
+        Once on_lost has been called, blocks until it returns: the main thread,
+        woken by Ray's errors, must not race `give_up` to the exit."""
         self._stopped.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=2 * POLL_S)
+            self._thread.join(timeout=None if self._fired.is_set() else 2 * POLL_S)
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

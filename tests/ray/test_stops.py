@@ -200,6 +200,7 @@ def test_a_signal_to_the_process_group_stops_and_saves_the_run(tmp_path, how):
     else:
         os.killpg(proc.pid, signum)
     code, err = finish(proc, pids)
+    assert (markers / "exit_status").exists(), f"towerps exited {code} without returning: {err}"
     driver_status = int((markers / "exit_status").read_text())
     # coreutils: 124 when the time ran out (--preserve-status gives the child's)
     assert (code, driver_status) == (124 if how == "timeout" else status, status), err
