@@ -117,13 +117,15 @@ class StopRequest:
     @contextlib.contextmanager
     def handling(self) -> Iterator[StopRequest]:
         """Handle SIGINT, SIGTERM and SIGHUP for the block (main thread only), then
-        put the previous handlers back. A signal ignored before (SIGHUP under
-        nohup) stays ignored."""
+        put the previous handlers back. SIGHUP ignored before (nohup) stays
+        ignored."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
+        # SIGINT is ignored in a shell script's background jobs, where it
+        # stopped runs before too; SIGHUP is ignored on purpose (nohup).
         self._previous = {s: signal.getsignal(s) for s in SIGNALS
-                          if signal.getsignal(s) is not signal.SIG_IGN}
+                          if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN}
         self.take_over()
         try:
             yield self

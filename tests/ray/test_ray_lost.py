@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.polling import wait_until
-from tests.ray.test_stops import descendants, in_sessions, session_of, wait_for
+from tests.ray.test_stops import (
+    descendants, in_sessions, segment_prefixes, segments_of, session_of, wait_for,
+)
 from towerps.cluster.recovery.ray_lost import RAY_LOST_STATUS
 from towerps.cluster.run.placements import read_placement
 
@@ -44,7 +46,8 @@ def test_the_gcs_killed_under_a_run_stops_it_with_towerps_line(tmp_path):
     wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, "training", proc)
     pids = descendants(proc.pid) | {r["pid"] for r in read_placement(str(run_dir))}
     sessions = {session_of(pid) for pid in pids} - {None}
-    prefixes = {r["segment_prefix"] for r in read_placement(str(run_dir)) if r.get("segment_prefix")}
+    prefixes = segment_prefixes(run_dir)
+    assert segments_of(prefixes), "the run made no /dev/shm segment: nothing to sweep"
     gcs = [pid for pid in descendants(proc.pid)
            if b"gcs_server" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]
     assert len(gcs) == 1, gcs
@@ -61,6 +64,6 @@ def test_the_gcs_killed_under_a_run_stops_it_with_towerps_line(tmp_path):
     print(f"kill -> towerps' line: {seen['at'] - killed_at:.2f} s")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] == "ray_lost" and summary["steps"] >= 2
-    assert not [p for prefix in prefixes for p in Path("/dev/shm").glob(prefix + "-*")]
+    assert not segments_of(prefixes)
     # SIGKILLed, they are reaped by init a moment later.
     wait_until(lambda: not in_sessions(sessions), 60, "the run's processes to end")

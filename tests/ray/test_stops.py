@@ -194,7 +194,7 @@ def test_a_signal_to_the_process_group_stops_and_saves_the_run(tmp_path, how):
     wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, "training", proc)
     pids = descendants(proc.pid) | set(_placement_pids(run_dir))
     sessions = {session_of(pid) for pid in pids} - {None}
-    prefixes = {r["segment_prefix"] for r in read_placement(str(run_dir)) if r.get("segment_prefix")}
+    prefixes = segment_prefixes(run_dir)
     if how == "timeout":
         os.kill(proc.pid, signal.SIGALRM)  # timeout's own alarm: its time is up
     else:
@@ -209,7 +209,17 @@ def test_a_signal_to_the_process_group_stops_and_saves_the_run(tmp_path, how):
     assert (summary["stopped"], summary["stop_signal"]) == ("interrupted", signum.name)
     assert 2 <= summary["steps"] < 100000
     assert not in_sessions(sessions), "a process of the run's sessions outlived it"
-    assert not [p for prefix in prefixes for p in Path("/dev/shm").glob(prefix + "-*")]
+    assert not segments_of(prefixes)
+
+
+def segment_prefixes(run_dir: Path) -> set[str]:
+    """The run's /dev/shm segment prefixes, from placement.json."""
+    return {r["segment_prefix"] for r in read_placement(str(run_dir)) if r.get("segment_prefix")}
+
+
+def segments_of(prefixes: set[str]) -> list[Path]:
+    """The /dev/shm segments of runs `prefixes` there are now."""
+    return [p for prefix in prefixes for p in Path("/dev/shm").glob(prefix + "-*")]
 
 
 def session_of(pid: int) -> int | None:

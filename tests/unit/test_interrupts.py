@@ -79,6 +79,15 @@ def test_a_second_sigint_at_once_still_skips_saving(monkeypatch):
             signal.raise_signal(signal.SIGINT)
 
 
+def test_an_ignored_sigint_is_handled_all_the_same():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a script's `towerps train &`
+    try:
+        with StopRequest().handling() as stop:
+            assert signal.getsignal(signal.SIGINT) is stop
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_sighup_stops_like_sigterm_unless_it_was_ignored():
     stop = StopRequest()
     with stop.handling():
