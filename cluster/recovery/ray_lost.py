@@ -140,18 +140,32 @@ def _latest_checkpoint(config, run_dir: str) -> int | None:
 
 
 def _end_run_processes(run_dir: str) -> None:
-    """SIGKILL the Ray processes below this driver and the run's actors
-    (placement.json's PIDs that are still Ray processes: one whose raylet
-    died is no longer below the driver)."""
+    """SIGKILL what is left of the local cluster: the Ray processes below this
+    driver, every process in the GCS's and raylet's sessions (each daemon
+    leads a session of its own: cluster/run/session.py; the raylet's agents
+    and workers stay in its session when it dies and they are orphaned), and
+    the run's actors (placement.json's PIDs that are still Ray processes)."""
     from towerps.cluster.run.placements import read_placement
-    from towerps.cluster.run.session import _ray_descendants
+    from towerps.cluster.run.session import _ray_descendants, local_daemons
 
-    pids = set(_ray_descendants(os.getpid()))
+    pids = set(_ray_descendants(os.getpid())) | _in_sessions(set(local_daemons().values()))
     pids |= {r["pid"] for r in read_placement(run_dir)
              if isinstance(r.get("pid"), int) and _is_ray_process(r["pid"])}
     for pid in pids - {os.getpid()}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _in_sessions(sessions: set[int]) -> set[int]:
+    """The processes whose session id is one of `sessions`, from /proc."""
+    found = set()
+    for entry in os.listdir("/proc") if sessions and os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[3]) in sessions:
+                        found.add(int(entry))
+    return found
 
 
 def _is_ray_process(pid: int) -> bool:
