@@ -198,10 +198,12 @@ class RunSummary(Mapping):
     token_file: str | None = None  # where the job secret is (0600); never the secret
     pushes_nonfinite: int = 0  # summed over shards: refused for a NaN/inf gradient or loss
     steps_skipped: int = 0  # shard 0: versions made without an update (--nonfinite skip-step)
-    # Why training ended: "steps" (--steps done), "budget" (--budget-s spent), or
-    # "interrupted" (SIGINT/SIGTERM: the shards ended at their next version).
+    # Why training ended: "steps" (--steps done), "budget" (--budget-s spent),
+    # "interrupted" (SIGINT/SIGTERM/SIGHUP: the shards ended at their next version),
+    # or "ray_lost" (the local GCS or raylet died: cluster/recovery/ray_lost.py;
+    # the figures of shards and workers, and the evaluation, are then absent).
     stopped: str = "steps"
-    stop_signal: str | None = None  # "SIGINT" or "SIGTERM" when interrupted
+    stop_signal: str | None = None  # "SIGINT", "SIGTERM" or "SIGHUP" when interrupted
     recoveries: list[Recovery] = field(default_factory=list)  # actors brought back, in order
 
     # -- summary.json -----------------------------------------------------

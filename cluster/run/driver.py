@@ -33,6 +33,7 @@ its version, and the run ends as the uninterrupted one would have.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import tempfile
@@ -51,6 +52,7 @@ from towerps.cluster.api.jobfile import JOB_FILE
 from towerps.cluster.run.placements import PLACEMENT_FILE
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
+from towerps.cluster.recovery.ray_lost import give_up
 from towerps.cluster.run.job import Job, Payload, Trained
 from towerps.cluster.observe.logs import import_tensorflow, quiet_ray_data
 from towerps.cluster.observe.metrics import RayMetrics
@@ -124,8 +126,11 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     if spare:  # its progress to its log file, not the console, unless --verbose
         quiet_ray_data(user.data.ray_datasets(), config.verbose)
     t_start = time.time()
+    # Ray lost under the run: its own line, summary.json and exit 75 (ray_lost.py).
+    on_lost = functools.partial(give_up, config, run_dir, t_start) if stop.handles else None
     with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
-                               verbose=config.verbose, dashboard=config.dashboard):
+                               verbose=config.verbose, dashboard=config.dashboard,
+                               on_lost=on_lost):
         stop.take_over()  # ray.init installed its own SIGTERM handler
         prepared = building.result()
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node

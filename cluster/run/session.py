@@ -34,14 +34,16 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import ray
+from ray._private import services
 
 import towerps
 from towerps.cluster.recovery.interrupts import Interrupted
+from towerps.cluster.recovery.ray_lost import DaemonWatch
 from towerps.cluster.run.loopback import loopback_ray
 from towerps.cluster.observe.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
@@ -54,9 +56,12 @@ PARTS = ("ps", "workers", "cluster", "proto")  # towerps' subpackages
 
 @contextmanager
 def ray_session(address: str | None, num_cpus: int | None = None,
-                verbose: bool = False, dashboard: bool = False) -> Iterator[None]:
+                verbose: bool = False, dashboard: bool = False,
+                on_lost: Callable[[str, int], None] | None = None) -> Iterator[None]:
     """Ray for the block; `verbose` shows Ray's and TensorFlow's start-up logs;
-    `dashboard` starts Ray's dashboard with a local cluster."""
+    `dashboard` starts Ray's dashboard with a local cluster. `on_lost(name,
+    pid)`: called on a thread of its own when the GCS or raylet of the local
+    cluster started here dies during the block (cluster/recovery/ray_lost.py)."""
     if ray.is_initialized():
         yield
         return
@@ -83,6 +88,7 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # address="local" always starts a new instance: a plain ray.init()
         # would join the latest cluster `ray start` left on this machine.
         # Every port of it is on 127.0.0.1 (cluster/run/loopback.py).
+        daemons_in_own_session()
         try:
             with loopback_ray() as on_loopback:
                 context = ray.init(
@@ -104,13 +110,56 @@ def ray_session(address: str | None, num_cpus: int | None = None,
             raise
         if dashboard:
             log.info("Ray dashboard at http://%s", context.dashboard_url)
+    watch = DaemonWatch(local_daemons(), on_lost) if on_lost and not address else None
     try:
         yield
     finally:
+        if watch is not None:
+            watch.stop()  # before Ray ends its daemons on purpose
         if address:
             ray.shutdown()
         else:
             stop_local_ray()
+
+
+class _OwnSessionPopen(services.ConsolePopen):
+    """Ray's ConsolePopen, starting its process in a new session (setsid)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["start_new_session"] = True
+        super().__init__(*args, **kwargs)
+
+
+def daemons_in_own_session() -> None:
+    """From now on the Ray daemons this process starts (GCS, raylet, dashboard,
+    log monitor; the raylet's agents and workers are its children) run in a
+    session and process group of their own. Idempotent.
+
+    Why: `timeout`, `scancel`, a terminal's job control and `kill -- -PGID`
+    signal the driver's whole process group. Had the daemons shared it, they
+    would die at the same instant as the driver's handler starts stopping the
+    run, and the driver would wait 60 s for a GCS that is gone, then exit
+    with nothing saved. In their own session only the driver gets the signal
+    and stops the run itself (cluster/recovery/interrupts.py), then Ray.
+
+    They still die with the driver: Ray's kernel fate-sharing sets
+    PR_SET_PDEATHSIG (SIGKILL) in each daemon's preexec_fn, which a new
+    session keeps; a SIGKILLed driver takes them with it. Narrow by design:
+    Ray starts every daemon through `services.start_ray_process`, which
+    builds a `ConsolePopen`; replacing that one name adds start_new_session
+    and changes nothing else (Popen runs setsid before Ray's preexec_fn)."""
+    if os.name == "posix":
+        services.ConsolePopen = _OwnSessionPopen
+
+
+def local_daemons() -> dict[str, int]:
+    """{"GCS": pid, "raylet": pid} of the local cluster this process started
+    ({} if it started none). Ray keeps them on its node object only."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    processes = getattr(node, "all_processes", None) or {}
+    names = {"gcs_server": "GCS", "raylet": "raylet"}
+    return {names[kind]: info.process.pid for kind, infos in processes.items()
+            if kind in names for info in infos[:1]}
 
 
 def stop_local_ray(grace_s: float = 10.0) -> None:

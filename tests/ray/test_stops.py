@@ -1,6 +1,8 @@
-"""SIGINT and SIGTERM sent to a real `towerps train` process: at start-up,
-mid-training and during evaluation. Each time: the exit status, the files in
-the run directory, and that no process of the run is left (found by PID)."""
+"""SIGINT, SIGTERM and SIGHUP sent to a real `towerps train` process: at
+start-up, mid-training and during evaluation, to the driver alone or to its
+whole process group (a terminal, `timeout`, a scheduler). Each time: the exit
+status, the files in the run directory, and that no process of the run is
+left (found by PID and by the sessions its processes ran in)."""
 
 import json
 import os
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.polling import wait_until
+from towerps.cluster.run.placements import read_placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -163,6 +166,74 @@ def test_a_second_sigint_skips_saving(tmp_path):
     assert code == 130, err
     assert not (run_dir / "summary.json").exists() and not (run_dir / "model.keras").exists()
     assert "stopped by SIGINT during shutdown; nothing saved" in err
+
+
+# How a whole process group is stopped: (the signal sent to it, the driver's status).
+GROUP_STOPS = {
+    "group-SIGTERM": (signal.SIGTERM, 143),  # kill -TERM -- -PGID, scancel, systemd
+    "group-SIGINT": (signal.SIGINT, 130),  # Ctrl-C in the terminal
+    "group-SIGHUP": (signal.SIGHUP, 129),  # the terminal closed
+    "timeout": (signal.SIGTERM, 143),  # timeout(1): the child, then its group
+}
+
+
+@pytest.mark.parametrize("how", GROUP_STOPS)
+def test_a_signal_to_the_process_group_stops_and_saves_the_run(tmp_path, how):
+    signum, status = GROUP_STOPS[how]
+    run_dir, markers = tmp_path / "run", tmp_path / "markers"
+    markers.mkdir()
+    (markers / "go").touch()  # evaluation is not held
+    command = [sys.executable, str(HARNESS), str(markers), *TRAIN, "--num-workers", "1",
+               "--num-ps", "1", "--steps", "100000", "--run-dir", str(run_dir)]
+    if how == "timeout":
+        command = ["timeout", str(int(WAIT_S)), *command]
+    # A process group (and session) of its own, as a terminal or scheduler makes.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, "training", proc)
+    pids = descendants(proc.pid) | set(_placement_pids(run_dir))
+    sessions = {session_of(pid) for pid in pids} - {None}
+    prefixes = segment_prefixes(run_dir)
+    if how == "timeout":
+        os.kill(proc.pid, signal.SIGALRM)  # timeout's own alarm: its time is up
+    else:
+        os.killpg(proc.pid, signum)
+    code, err = finish(proc, pids)
+    assert (markers / "exit_status").exists(), f"towerps exited {code} without returning: {err}"
+    driver_status = int((markers / "exit_status").read_text())
+    # coreutils: 124 when the time ran out (--preserve-status gives the child's)
+    assert (code, driver_status) == (124 if how == "timeout" else status, status), err
+    assert (run_dir / "summary.json").is_file() and (run_dir / "model.keras").is_file(), err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["stopped"], summary["stop_signal"]) == ("interrupted", signum.name)
+    assert 2 <= summary["steps"] < 100000
+    assert not in_sessions(sessions), "a process of the run's sessions outlived it"
+    assert not segments_of(prefixes)
+
+
+def segment_prefixes(run_dir: Path) -> set[str]:
+    """The run's /dev/shm segment prefixes, from placement.json."""
+    return {r["segment_prefix"] for r in read_placement(str(run_dir)) if r.get("segment_prefix")}
+
+
+def segments_of(prefixes: set[str]) -> list[Path]:
+    """The /dev/shm segments of runs `prefixes` there are now."""
+    return [p for prefix in prefixes for p in Path("/dev/shm").glob(prefix + "-*")]
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of `pid` (None: gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def in_sessions(sessions: set[int]) -> list[int]:
+    """The running processes, now, whose session is one of `sessions`."""
+    return [int(e) for e in os.listdir("/proc")
+            if e.isdigit() and session_of(int(e)) in sessions and running(int(e))]
 
 
 def _placement_pids(run_dir: Path) -> list[int]:

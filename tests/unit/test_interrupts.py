@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from towerps.cluster.recovery import interrupts
 from towerps.cluster.recovery.interrupts import Interrupted, StopRequest, exit_status
 
 pytestmark = pytest.mark.unit
@@ -52,5 +53,58 @@ def test_off_the_main_thread_nothing_is_installed():
     assert seen == [signal.getsignal(signal.SIGINT)]
 
 
+def test_a_sigterm_repeated_at_once_is_the_same_request_and_later_a_second(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(interrupts.time, "monotonic", lambda: now[0])
+    stop = StopRequest()
+    with stop.handling():
+        stop.defer("training")
+        signal.raise_signal(signal.SIGTERM)  # `timeout`: to the driver...
+        now[0] += interrupts.REPEAT_S / 2
+        signal.raise_signal(signal.SIGTERM)  # ...then to its group
+        signal.raise_signal(signal.SIGHUP)
+        assert stop.signal_name == "SIGTERM"
+        now[0] += interrupts.REPEAT_S
+        with pytest.raises(Interrupted) as raised:
+            signal.raise_signal(signal.SIGTERM)
+    assert raised.value.during == "shutdown"
+
+
+def test_a_second_sigint_at_once_still_skips_saving(monkeypatch):
+    monkeypatch.setattr(interrupts.time, "monotonic", lambda: 100.0)
+    with StopRequest().handling() as stop:
+        stop.defer("training")
+        signal.raise_signal(signal.SIGINT)
+        with pytest.raises(Interrupted):
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_an_ignored_sigint_is_handled_all_the_same():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a script's `towerps train &`
+    try:
+        with StopRequest().handling() as stop:
+            assert signal.getsignal(signal.SIGINT) is stop
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_sighup_stops_like_sigterm_unless_it_was_ignored():
+    stop = StopRequest()
+    with stop.handling():
+        stop.defer("training")
+        signal.raise_signal(signal.SIGHUP)
+        assert stop.requested and stop.signal_name == "SIGHUP"
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+    try:
+        with StopRequest().handling() as stop:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            stop.take_over()
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_exit_status_follows_the_shell():
-    assert (exit_status(signal.SIGINT), exit_status(signal.SIGTERM)) == (130, 143)
+    assert (exit_status(signal.SIGHUP), exit_status(signal.SIGINT),
+            exit_status(signal.SIGTERM)) == (129, 130, 143)
