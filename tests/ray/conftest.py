@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import ray
 
+from towerps.cluster.run.loopback import loopback_ray
+
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "towerps-test-key",
     "AWS_SECRET_ACCESS_KEY": "towerps-test-secret",
@@ -42,9 +44,10 @@ S3_ENV = {
 @pytest.fixture(scope="package")
 def ray_cluster():
     """The tier's local Ray cluster (this module's docstring says what it holds)."""
-    ray.init(address="local", num_cpus=7, num_gpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **S3_ENV}},
-             _system_config={"metrics_report_interval_ms": 500})
+    with loopback_ray() as on_loopback:  # as towerps starts its own: 127.0.0.1 only
+        ray.init(address="local", num_cpus=7, num_gpus=2, include_dashboard=False,
+                 runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **S3_ENV}},
+                 _system_config={"metrics_report_interval_ms": 500}, **on_loopback)
     yield
     ray.shutdown()
 
