@@ -53,6 +53,7 @@ from towerps.cluster.observe.metrics import RayMetrics
 from towerps.cluster.observe.observers import Observers, WorkersFile
 from towerps.cluster.run.reservation import fit_to_cluster
 from towerps.cluster.run.session import ray_session
+from towerps.cluster.run.startup import StartupClock
 from towerps.cluster.api.summary import (
     CheckpointSummary, Evaluation, RunSummary, Staleness, WorkerTime,
 )
@@ -103,6 +104,8 @@ def train_model(config: TrainConfig, progress: bool | None = None,
 
 def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, resume: bool,
            stop: StopRequest) -> tuple[RunSummary, keras.Model]:
+    clock = StartupClock.since_process()  # summary.json's startup_phases_s
+    clock.mark("train")
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     resume_version = latest_checkpoint(config, run_dir) if resume else None
     if user is not None:
@@ -114,15 +117,19 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
         building = _build_while_ray_starts(config, load_data(config))
     spare = RAY_DATA_CPUS if user is not None and user.data.kind == "ray_data" else 0
     t_start = time.time()
+    clock.mark("ray_start", t_start)
     with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
                                verbose=config.verbose, dashboard=config.dashboard):
         stop.take_over()  # ray.init installed its own SIGTERM handler
+        clock.mark("ray_up")
         prepared = building.result()
+        clock.mark("model_ready")
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
         if spare:
             _check_cpus_left_for_ray_data(config)
         plan = prepared.plan_for(config.num_ps)
-        with Job.start(config, plan, prepared.payload(), run_dir, resume_version) as job:
+        with Job.start(config, plan, prepared.payload(), run_dir, resume_version,
+                       clock) as job:
             config.save(run_dir)  # what --resume reads
             observers = observe(job)
             try:
@@ -138,8 +145,10 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     for e in evals:
         observers.evaluation(e.version, e.test_loss, e.test_accuracy)
     observers.close()
+    clock.mark("train_started", trained.train_started_at_s)
     summary = summarize(config, prepared, job, trained, evals,
-                        startup_s=trained.train_started_at_s - t_start, stop=stop)
+                        startup_s=trained.train_started_at_s - t_start, stop=stop,
+                        startup_phases_s=clock.phases())
     # The checkpoint's first: the model handed back holds the final state.
     export_checkpoint_model(prepared, job)
     save(prepared, trained, summary)
@@ -393,7 +402,8 @@ def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
 
 
 def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Trained,
-              evals: list[Evaluation], startup_s: float, stop: StopRequest) -> RunSummary:
+              evals: list[Evaluation], startup_s: float, stop: StopRequest,
+              startup_phases_s: dict[str, float] | None = None) -> RunSummary:
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
     reports, mode = watched.reports, config.mode
@@ -467,4 +477,5 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
                  else "budget" if watched.ended_early else "steps"),
         stop_signal=stop.signal_name,
         recoveries=list(job.supervisor.recoveries) if job.supervisor else [],
+        startup_phases_s=startup_phases_s or {},
     )

@@ -41,6 +41,7 @@ from towerps.cluster.run.placements import PLACEMENT_FILE, Placement, Placements
 from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
 from towerps.cluster.run.reservation import Reservation, reserve
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
+from towerps.cluster.run.startup import STARTUP_KEY, StartupClock
 from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
 from towerps.errors import ClusterError
@@ -113,21 +114,26 @@ class Job:
         self.spares: Spares | None = None  # warm workers that take a dead one's rank
         self._off_group: set[int] = set()  # shards started outside the group (node lost)
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
+        self.clock: StartupClock | None = None  # the start-up's marks (cluster/run/startup.py)
+        self._shards_up_at_s: list[float] = []  # when each shard's process ran its actor
         # The same-node transport's segments are named by this (src/towerps/shm.py).
         self.segment_prefix = new_run_prefix() if config.same_node_transport == "shm" else None
 
     @classmethod
     def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
-              run_dir: str, resume_version: int | None = None) -> Job:
+              run_dir: str, resume_version: int | None = None,
+              clock: StartupClock | None = None) -> Job:
         """Place `payload.initial` on the shards by `plan` and set every worker up;
         blocks until ready.
 
         `resume_version`: the shards start from that checkpoint instead, the
         workers from its version. Raises the first actor's TowerpsError (a
         missing data set on a node, a GPU TensorFlow cannot see), after
-        stopping everything it started.
+        stopping everything it started. `clock`: marks when the actors were
+        up, the workers' imports and builds done (their own reports).
         """
         job = cls(config, plan, run_dir, reserve(config))
+        job.clock = clock or StartupClock(time.time())
         try:
             os.makedirs(run_dir, exist_ok=True)
             job.resume_version = resume_version
@@ -171,6 +177,7 @@ class Job:
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
+        self._shards_up_at_s = [r[STARTUP_KEY]["up_at_s"] for r in records]
         self.placements.put(*map(Placement.reported, records))
 
     def _setup_workers(self, payload: Payload) -> None:
@@ -194,9 +201,18 @@ class Job:
                                             inputs[0]), c.verbose)
         spare_records = self.spares.start() if self.spares else []
         shards = [p.to_json() for p in self.placements if p.role == "ps"]
+        workers = get(refs)
+        self._mark_startup([w[STARTUP_KEY] for w in workers])
         # Each with its bundle; logs where each landed.
-        records = self.reservation.record(shards + get(refs) + spare_records)
+        records = self.reservation.record(shards + workers + spare_records)
         self.placements.put(*map(Placement.reported, records))
+
+    def _mark_startup(self, workers: list[dict]) -> None:
+        """The start-up's marks from the workers' own times (and the shards')."""
+        up = [w.get("up_at_s") for w in workers] + self._shards_up_at_s
+        self.clock.mark_latest("actors_up", up)
+        self.clock.mark_latest("workers_imported", [w.get("imported_at_s") for w in workers])
+        self.clock.mark_latest("workers_built", [w.get("built_at_s") for w in workers])
 
     def _shard_nodes(self) -> list[str]:
         """Each shard's Ray node id, by index (from where they landed)."""
