@@ -269,12 +269,22 @@ class WorkerActor:
         self._worker = None
         self._same_node = None  # a workers.same_node.SameNode, set up with the client
 
-    def setup(self, spec, job: WorkerJob, inputs=None, credentials=None) -> dict:
+    def build(self, spec, job: WorkerJob) -> bool:
+        """The built-in model's data set and towers, ahead of `setup` (which
+        then keeps them): `job` needs no shard addresses yet, so this runs
+        while the shards start. Returns True."""
+        self._build(spec, job, None)
+        return True
+
+    def setup(self, spec, job: WorkerJob, inputs=None, credentials=None,
+              built: bool | None = None) -> dict:
         """Build data, towers and client. `inputs`: this worker's input of the
         user's data (workers/inputs.py: arrays, TFDataInput, RayDataInput);
         `credentials` (towerps.auth.Credentials): this rank's own token, as a
-        method argument."""
-        self._build(spec, job, inputs)
+        method argument. `built`: `build`'s result (pass its ref, so that
+        Ray runs this after it): the data set and towers are built already."""
+        if not built:
+            self._build(spec, job, inputs)
         record = self._assign(spec, job, inputs, credentials, reopen=False)
         record[STARTUP_KEY] = self._startup
         return record

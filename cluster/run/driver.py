@@ -11,8 +11,9 @@
               a loss fails now, before Ray or any actor starts; a built-in
               model whose placement cannot fail is built (TensorFlow
               imported) on a thread while Ray starts (_Building);
- 2. start     put the variables on the shards, start the shard and worker
-              actors and set them up (cluster/run/job.py);
+ 2. start     start the shard and worker actors (their processes start while
+              the model is built), put the variables on the shards and set
+              the workers up (cluster/run/job.py);
  3. run       run the workers while watching the shards' update log for the
               progress bar and metrics.jsonl (cluster/run/monitor.py); a worker
               that fails stops the run at once; a time budget ends it early;
@@ -122,14 +123,14 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
                                verbose=config.verbose, dashboard=config.dashboard):
         stop.take_over()  # ray.init installed its own SIGTERM handler
         clock.mark("ray_up")
-        prepared = building.result()
-        clock.mark("model_ready")
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
         if spare:
             _check_cpus_left_for_ray_data(config)
-        plan = prepared.plan_for(config.num_ps)
-        with Job.start(config, plan, prepared.payload(), run_dir, resume_version,
-                       clock) as job:
+        # The actors first: their processes start while the model is built.
+        with Job.launch(config, run_dir) as job:
+            prepared = building.result()
+            clock.mark("model_ready")
+            job.set_up(prepared.plan_for(config.num_ps), prepared.payload(), resume_version, clock)
             config.save(run_dir)  # what --resume reads
             observers = observe(job)
             try:

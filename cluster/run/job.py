@@ -132,22 +132,38 @@ class Job:
         stopping everything it started. `clock`: marks when the actors were
         up, the workers' imports and builds done (their own reports).
         """
-        job = cls(config, plan, run_dir, reserve(config))
-        job.clock = clock or StartupClock(time.time())
+        return cls.launch(config, run_dir).set_up(plan, payload, resume_version, clock)
+
+    @classmethod
+    def launch(cls, config: TrainConfig, run_dir: str) -> Job:
+        """Reserve the placement group and create every shard and worker actor;
+        returns once the group is placed, without waiting for the actors:
+        their processes start (each worker importing TensorFlow, seconds)
+        while the caller does its own work, then calls `set_up`. Use it as
+        a `with` block, which stops them whatever happens."""
+        return cls(config, None, run_dir, reserve(config))
+
+    def set_up(self, plan: PlacementPlan, payload: Payload, resume_version: int | None = None,
+               clock: StartupClock | None = None) -> Job:
+        """`start`'s work on launched actors: blocks until every shard serves
+        and every worker is set up; stops them all on any error."""
+        self.plan, self.clock = plan, clock or StartupClock(time.time())
         try:
-            os.makedirs(run_dir, exist_ok=True)
-            job.resume_version = resume_version
+            os.makedirs(self.run_dir, exist_ok=True)
+            self.resume_version = resume_version
             if resume_version is not None:
-                sweep_earlier_runs(run_dir)
-            job.security = JobSecurity.create(config, run_dir, num_nodes=alive_nodes())
-            job._start_shards(plan.split(payload.initial), payload)
-            write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
-                               job.addresses, job.security)
-            job._setup_workers(payload)
+                sweep_earlier_runs(self.run_dir)
+            self.security = JobSecurity.create(self.config, self.run_dir,
+                                               num_nodes=alive_nodes())
+            built = self._build_workers(payload)  # meanwhile the shards start
+            self._start_shards(plan.split(payload.initial), payload)
+            write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
+                               self.addresses, self.security)
+            self._setup_workers(payload, built)
         except BaseException:
-            job.stop()
+            self.stop()
             raise
-        return job
+        return self
 
     def _shard_checkpoints(self) -> ShardCheckpoints | None:
         plan = self.checkpoints
@@ -180,20 +196,39 @@ class Job:
         self._shards_up_at_s = [r[STARTUP_KEY]["up_at_s"] for r in records]
         self.placements.put(*map(Placement.reported, records))
 
-    def _setup_workers(self, payload: Payload) -> None:
+    def _worker_job(self, payload: Payload) -> WorkerJob:
+        """What every worker is set up with; its shards' addresses and nodes
+        are those known now (none before the shards start)."""
         c, user = self.config, payload.user
-        job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
-                        self.addresses, self.plan, c.wire_dtype, devices=c.devices,
-                        faults=installed().for_job(c), user_model=user and user.build_model,
-                        loss=user and user.loss, same_node=self.segment_prefix,
-                        shard_nodes=tuple(self._shard_nodes()),
-                        worker_nodes=tuple(self.reservation.worker_nodes()))
+        return WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
+                         self.addresses, self.plan, c.wire_dtype, devices=c.devices,
+                         faults=installed().for_job(c), user_model=user and user.build_model,
+                         loss=user and user.loss, same_node=self.segment_prefix,
+                         shard_nodes=tuple(self._shard_nodes()) if self.addresses else (),
+                         worker_nodes=tuple(self.reservation.worker_nodes()))
+
+    def _build_workers(self, payload: Payload) -> list | None:
+        """The built-in model's workers build their data set and towers (the
+        slow part of their set-up, which needs no shard) while the shards
+        start: one ref per worker, which `setup` waits on. None for a user's
+        model and data (its inputs are opened once, in setup)."""
+        if payload.user is not None:
+            return None
+        job = self._worker_job(payload)
+        return [w.build.remote(worker_spec(self.config, r), job)
+                for r, w in enumerate(self.workers)]
+
+    def _setup_workers(self, payload: Payload, built: list | None = None) -> None:
+        c, user = self.config, payload.user
+        job = self._worker_job(payload)
         inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
         clip = payload.optimizer and payload.optimizer.global_clipnorm
         # What a replacement of a dead worker is set up with (replace_worker).
         self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
         self.streams_data = user is not None and user.data.kind != "arrays"
-        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r))
+        built = built or [None] * c.num_workers
+        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r),
+                               built=built[r])
                 for r, w in enumerate(self.workers)]
         if c.spare_workers:  # warmed beside the workers: their set-up, not yet a rank
             self.spares = Spares(self.reservation, self.placements,
