@@ -7,7 +7,11 @@
 `Job.start` reserves one placement-group bundle per node (cluster/run/reservation.py;
 a node that cannot hold its share fails here with what it lacks), starts one
 ShardActor per shard (each serves gRPC on its node's address) and one
-WorkerActor per worker, and sets the workers up. `Job.run` runs the workers
+WorkerActor per worker, and sets the workers up; split in two,
+`Job.launch` creates the actors at once and `set_up` does the rest, so the
+driver's own work overlaps the actors' start (each worker imports
+TensorFlow in its constructor, and builds its data set and towers while
+the shards start). `Job.run` runs the workers
 while cluster/run/monitor.py watches the shards' update log, then pulls the
 final parameters. `Job.stop` ends every actor; it is idempotent and safe to
 call from any phase, so a caller that must end a run early (an interrupt,
