@@ -18,7 +18,15 @@ Each round runs the real command line in a fresh process, as a user does:
              `startup_s` (the driver's own count: Ray, shards and workers up)
              and `to_first_step_s`, seconds from spawning the process to the
              moment training starts (`train_started_at_s` in summary.json),
-             which also counts Python, imports, the data set and the model.
+             which also counts Python, imports, the data set and the model;
+             and that time split by the driver (the summary's
+             `startup_phases_s`, from the driver's process start, which adds
+             up to a little less): driver_imports, prepare (the data set),
+             ray_init, driver_model, actor_scheduling (shards and workers
+             placed, their processes up), worker_imports, worker_build and
+             first_step (the shards given their variables, the workers
+             started), each counted where nothing else ended
+             (cluster/run/startup.py). A revision before the split has none.
 
 Figures are medians over rounds, each round noting the 1-minute load
 average before it. The machine is shared: compare a before and an after
@@ -114,6 +122,7 @@ def train_once(dataset: str, steps: int, run_dir: str, code: str | None = None) 
         "to_first_step_s": summary["train_started_at_s"] - t0,
         "process_s": process_s,
         "wall_s": summary["wall_s"],
+        "startup_phases_s": summary.get("startup_phases_s", {}),
     }
 
 
@@ -138,8 +147,18 @@ def one_round(dataset: str, steps: int, run_dir: str, code: str | None, label: s
 
 
 def medians(rounds: list[dict]) -> dict:
-    return {key: common.median(r[key] for r in rounds)
-            for key in ("bad_flag_s", "startup_s", "to_first_step_s", "process_s")}
+    """The medians of the rounds' figures, and of each start-up phase the rounds have."""
+    figures = {key: common.median(r[key] for r in rounds)
+               for key in ("bad_flag_s", "startup_s", "to_first_step_s", "process_s")}
+    phases = [r["startup_phases_s"] for r in rounds if r.get("startup_phases_s")]
+    if phases:
+        figures["startup_phases_s"] = {name: common.median(p[name] for p in phases)
+                                       for name in phases[0]}
+    return figures
+
+
+def describe_phases(phases: dict) -> str:
+    return ", ".join(f"{name} {s:.1f}" for name, s in phases.items())
 
 
 def main(argv=None) -> dict:
@@ -174,7 +193,8 @@ def main(argv=None) -> dict:
     figures = {label: {**medians(rs), "rounds": len(rs)} for label, rs in by_code.items()}
     figures["rounds"] = rounds
     summary = "; ".join(
-        f"{label}: startup_s {f['startup_s']:.1f} s, first step {f['to_first_step_s']:.1f} s, "
+        f"{label}: startup_s {f['startup_s']:.1f} s, first step {f['to_first_step_s']:.1f} s "
+        f"({describe_phases(f.get('startup_phases_s', {})) or 'no split'}), "
         f"bad flag {f['bad_flag_s']:.1f} s" for label, f in figures.items() if label != "rounds")
     return common.write_result(
         args, budget=budget,

@@ -205,6 +205,10 @@ class RunSummary(Mapping):
     stopped: str = "steps"
     stop_signal: str | None = None  # "SIGINT", "SIGTERM" or "SIGHUP" when interrupted
     recoveries: list[Recovery] = field(default_factory=list)  # actors brought back, in order
+    # From the driver's process start to the first step, by phase (cluster/run/startup.py's
+    # PHASES: driver_imports, prepare, ray_init, driver_model, actor_scheduling,
+    # worker_imports, worker_build, first_step); they add up to that time.
+    startup_phases_s: dict[str, float] = field(default_factory=dict)
 
     # -- summary.json -----------------------------------------------------
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import ray
 
+from towerps.cluster.run.startup import STARTUP_KEY
 from towerps.ps.memory import SHARD_PROCESS_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -82,6 +84,7 @@ class ShardActor:
     """One PS shard and the gRPC server in front of it, bound to the node's address."""
 
     def __init__(self, index: int):
+        self._up_at_s = time.time()  # the start-up's actor_scheduling ends (startup.py)
         self._index = index
         self._shard = None
         self._server = None
@@ -160,6 +163,7 @@ class ShardActor:
                              else f"{listen.rsplit(':', 1)[0]}:{port}")
         record["parameter_bytes"] = self._shard.parameter_bytes
         record["version"] = self._shard.version  # above 0 when resumed from a checkpoint
+        record[STARTUP_KEY] = {"up_at_s": self._up_at_s}
         return record
 
     def resumed_clocks(self) -> list[int] | None:
@@ -288,6 +292,7 @@ class WorkerActor:
     """One worker: its data set, its towers (one per device) and its client to every shard."""
 
     def __init__(self, rank: int, verbose: bool = False):
+        up_at_s = time.time()
         from towerps.cluster.observe.logs import import_tensorflow
         from towerps.ps.memory import keep_freed_memory
 
@@ -297,17 +302,31 @@ class WorkerActor:
         # Before any method: unpickling a method's arguments (a WorkerSpec)
         # already imports TensorFlow, whose start-up lines are noise.
         import_tensorflow(verbose)
+        # When this process ran its actor, had TensorFlow, had built (startup.py).
+        self._startup = {"up_at_s": up_at_s, "imported_at_s": time.time()}
         self._rank = rank
         self._worker = None
         self._same_node = None  # a workers.same_node.SameNode, set up with the client
 
-    def setup(self, spec, job: WorkerJob, inputs=None, credentials=None) -> dict:
+    def build(self, spec, job: WorkerJob) -> bool:
+        """The built-in model's data set and towers, ahead of `setup` (which
+        then keeps them): `job` needs no shard addresses yet, so this runs
+        while the shards start. Returns True."""
+        self._build(spec, job, None)
+        return True
+
+    def setup(self, spec, job: WorkerJob, inputs=None, credentials=None,
+              built: bool | None = None) -> dict:
         """Build data, towers and client. `inputs`: this worker's input of the
         user's data (workers/inputs.py: arrays, TFDataInput, RayDataInput);
         `credentials` (towerps.auth.Credentials): this rank's own token, as a
-        method argument."""
-        self._build(spec, job, inputs)
-        return self._assign(spec, job, inputs, credentials, reopen=False)
+        method argument. `built`: `build`'s result (pass its ref, so that
+        Ray runs this after it): the data set and towers are built already."""
+        if not built:
+            self._build(spec, job, inputs)
+        record = self._assign(spec, job, inputs, credentials, reopen=False)
+        record[STARTUP_KEY] = self._startup
+        return record
 
     def warm(self, spec, job: WorkerJob, inputs=None) -> dict:
         """Set up as a spare (cluster/recovery/spares.py): TensorFlow, the data and the
@@ -343,6 +362,7 @@ class WorkerActor:
         self._faults = job.faults or Seams()
         self._towers = TowerGroup.build(make_model, devices, config.tower_balance,
                                         wrap=self._faults.wrap_towers, loss=job.loss)
+        self._startup["built_at_s"] = time.time()
 
     def _assign(self, spec, job: WorkerJob, inputs, credentials, reopen: bool) -> dict:
         """The rank's own part: client, same-node shards, the Worker loop.

@@ -11,8 +11,9 @@
               a loss fails now, before Ray or any actor starts; a built-in
               model whose placement cannot fail is built (TensorFlow
               imported) on a thread while Ray starts (_Building);
- 2. start     put the variables on the shards, start the shard and worker
-              actors and set them up (cluster/run/job.py);
+ 2. start     start the shard and worker actors (their processes start while
+              the model is built), put the variables on the shards and set
+              the workers up (cluster/run/job.py);
  3. run       run the workers while watching the shards' update log for the
               progress bar and metrics.jsonl (cluster/run/monitor.py); a worker
               that fails stops the run at once; a time budget ends it early;
@@ -59,6 +60,7 @@ from towerps.cluster.observe.metrics import RayMetrics
 from towerps.cluster.observe.observers import Observers, WorkersFile
 from towerps.cluster.run.reservation import fit_to_cluster
 from towerps.cluster.run.session import ray_session
+from towerps.cluster.run.startup import StartupClock
 from towerps.cluster.api.summary import (
     CheckpointSummary, Evaluation, RunSummary, Staleness, WorkerTime,
 )
@@ -111,6 +113,8 @@ def train_model(config: TrainConfig, progress: bool | None = None,
 
 def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, resume: bool,
            stop: StopRequest) -> tuple[RunSummary, keras.Model]:
+    clock = StartupClock.since_process()  # summary.json's startup_phases_s
+    clock.mark("train")
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
     resume_version = latest_checkpoint(config, run_dir) if resume else None
     if resume_version is not None:
@@ -128,16 +132,20 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     t_start = time.time()
     # Ray lost under the run: its own line, summary.json and exit 75 (ray_lost.py).
     on_lost = functools.partial(give_up, config, run_dir, t_start) if stop.handles else None
+    clock.mark("ray_start", t_start)
     with building, ray_session(config.address, num_cpus=config.num_workers + config.num_ps + spare,
                                verbose=config.verbose, dashboard=config.dashboard,
                                on_lost=on_lost):
         stop.take_over()  # ray.init installed its own SIGTERM handler
-        prepared = building.result()
+        clock.mark("ray_up")
         config = fit_to_cluster(config)  # --min-nodes; per_node: one of each per node
         if spare:
             _check_cpus_left_for_ray_data(config)
-        plan = prepared.plan_for(config.num_ps)
-        with Job.start(config, plan, prepared.payload(), run_dir, resume_version) as job:
+        # The actors first: their processes start while the model is built.
+        with Job.launch(config, run_dir) as job:
+            prepared = building.result()
+            clock.mark("model_ready")
+            job.set_up(prepared.plan_for(config.num_ps), prepared.payload(), resume_version, clock)
             config.save(run_dir)  # what --resume reads
             observers = observe(job)
             try:
@@ -153,8 +161,10 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
     for e in evals:
         observers.evaluation(e.version, e.test_loss, e.test_accuracy)
     observers.close()
+    clock.mark("train_started", trained.train_started_at_s)
     summary = summarize(config, prepared, job, trained, evals,
-                        startup_s=trained.train_started_at_s - t_start, stop=stop)
+                        startup_s=trained.train_started_at_s - t_start, stop=stop,
+                        startup_phases_s=clock.phases())
     if job.supervisor is not None:
         job.supervisor.save_history()  # with each recovery's first update, for a --resume
     # The checkpoint's first: the model handed back holds the final state.
@@ -427,7 +437,8 @@ def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
 
 
 def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Trained,
-              evals: list[Evaluation], startup_s: float, stop: StopRequest) -> RunSummary:
+              evals: list[Evaluation], startup_s: float, stop: StopRequest,
+              startup_phases_s: dict[str, float] | None = None) -> RunSummary:
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
     reports, mode = watched.reports, config.mode
@@ -501,4 +512,5 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
                  else "budget" if watched.ended_early else "steps"),
         stop_signal=stop.signal_name,
         recoveries=job.supervisor.history if job.supervisor else [],
+        startup_phases_s=startup_phases_s or {},
     )

@@ -9,7 +9,11 @@ a node that cannot hold its share fails here with what it lacks), starts one
 ShardActor per shard (each serves gRPC on its node's address; on a one-node
 cluster on a Unix socket in the run's 0700 `sock` directory instead,
 cluster/run/sockets.py, which no other user of the machine can reach) and one
-WorkerActor per worker, and sets the workers up. `Job.run` runs the workers
+WorkerActor per worker, and sets the workers up; split in two,
+`Job.launch` creates the actors at once and `set_up` does the rest, so the
+driver's own work overlaps the actors' start (each worker imports
+TensorFlow in its constructor, and builds its data set and towers while
+the shards start). `Job.run` runs the workers
 while cluster/run/monitor.py watches the shards' update log, then pulls the
 final parameters. `Job.stop` ends every actor; it is idempotent and safe to
 call from any phase, so a caller that must end a run early (an interrupt,
@@ -44,6 +48,7 @@ from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
 from towerps.cluster.run.reservation import Reservation, reserve
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
 from towerps.cluster.run.sockets import ShardSockets
+from towerps.cluster.run.startup import STARTUP_KEY, StartupClock
 from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
 from towerps.errors import ClusterError
@@ -119,41 +124,61 @@ class Job:
         self.spares: Spares | None = None  # warm workers that take a dead one's rank
         self._off_group: set[int] = set()  # shards started outside the group (node lost)
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
+        self.clock: StartupClock | None = None  # the start-up's marks (cluster/run/startup.py)
+        self._shards_up_at_s: list[float] = []  # when each shard's process ran its actor
         # The same-node transport's segments are named by this (src/towerps/shm.py).
         self.segment_prefix = new_run_prefix() if config.same_node_transport == "shm" else None
 
     @classmethod
     def start(cls, config: TrainConfig, plan: PlacementPlan, payload: Payload,
-              run_dir: str, resume_version: int | None = None) -> Job:
+              run_dir: str, resume_version: int | None = None,
+              clock: StartupClock | None = None) -> Job:
         """Place `payload.initial` on the shards by `plan` and set every worker up;
         blocks until ready.
 
         `resume_version`: the shards start from that checkpoint instead, the
         workers from its version. Raises the first actor's TowerpsError (a
         missing data set on a node, a GPU TensorFlow cannot see), after
-        stopping everything it started.
+        stopping everything it started. `clock`: marks when the actors were
+        up, the workers' imports and builds done (their own reports).
         """
-        job = cls(config, plan, run_dir, reserve(config))
+        return cls.launch(config, run_dir).set_up(plan, payload, resume_version, clock)
+
+    @classmethod
+    def launch(cls, config: TrainConfig, run_dir: str) -> Job:
+        """Reserve the placement group and create every shard and worker actor;
+        returns once the group is placed, without waiting for the actors:
+        their processes start (each worker importing TensorFlow, seconds)
+        while the caller does its own work, then calls `set_up`. Use it as
+        a `with` block, which stops them whatever happens."""
+        return cls(config, None, run_dir, reserve(config))
+
+    def set_up(self, plan: PlacementPlan, payload: Payload, resume_version: int | None = None,
+               clock: StartupClock | None = None) -> Job:
+        """`start`'s work on launched actors: blocks until every shard serves
+        and every worker is set up; stops them all on any error."""
+        self.plan, self.clock = plan, clock or StartupClock(time.time())
         try:
-            make_private_dir(run_dir)  # 0700; refuses another user's (towerps.private)
-            job.resume_version = resume_version
+            make_private_dir(self.run_dir)  # 0700; refuses another user's (towerps.private)
+            self.resume_version = resume_version
             if resume_version is not None:
-                sweep_earlier_runs(run_dir)
+                sweep_earlier_runs(self.run_dir)
             num_nodes = alive_nodes()
-            job.security = JobSecurity.create(config, run_dir, num_nodes=num_nodes,
-                                              resume=resume_version is not None)
+            self.security = JobSecurity.create(self.config, self.run_dir, num_nodes=num_nodes,
+                                               resume=resume_version is not None)
             if resume_version is not None:  # its manifest proven before any shard starts
-                job.checkpoints.driver_store(job.security.checkpoint_key).manifest(resume_version)
+                self.checkpoints.driver_store(self.security.checkpoint_key).manifest(resume_version)
             if num_nodes == 1:  # other users of the machine cannot reach the shards
-                job.sockets = ShardSockets.for_run(run_dir)
-            job._start_shards(plan.split(payload.initial), payload)
-            write_cluster_json(run_dir, ray.get_runtime_context().get_job_id(),
-                               job.addresses, job.security)
-            job._setup_workers(payload)
+                self.sockets = ShardSockets.for_run(self.run_dir)
+            built = self._build_workers(payload)  # meanwhile the shards start
+            self._start_shards(plan.split(payload.initial), payload)
+            write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
+                               self.addresses, self.security)
+            self._setup_workers(payload, built)
         except BaseException:
-            job.stop()
+            self.stop()
             raise
-        return job
+        return self
 
     def _shard_checkpoints(self) -> ShardCheckpoints | None:
         plan = self.checkpoints
@@ -184,22 +209,42 @@ class Job:
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
+        self._shards_up_at_s = [r[STARTUP_KEY]["up_at_s"] for r in records]
         self.placements.put(*map(Placement.reported, records))
 
-    def _setup_workers(self, payload: Payload) -> None:
+    def _worker_job(self, payload: Payload) -> WorkerJob:
+        """What every worker is set up with; its shards' addresses and nodes
+        are those known now (none before the shards start)."""
         c, user = self.config, payload.user
-        job = WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
-                        self.addresses, self.plan, c.wire_dtype, devices=c.devices,
-                        faults=installed().for_job(c), user_model=user and user.build_model,
-                        loss=user and user.loss, same_node=self.segment_prefix,
-                        shard_nodes=tuple(self._shard_nodes()),
-                        worker_nodes=tuple(self.reservation.worker_nodes()))
+        return WorkerJob(c.dataset, c.data_dir, c.download, c.model_name, c.seed,
+                         self.addresses, self.plan, c.wire_dtype, devices=c.devices,
+                         faults=installed().for_job(c), user_model=user and user.build_model,
+                         loss=user and user.loss, same_node=self.segment_prefix,
+                         shard_nodes=tuple(self._shard_nodes()) if self.addresses else (),
+                         worker_nodes=tuple(self.reservation.worker_nodes()))
+
+    def _build_workers(self, payload: Payload) -> list | None:
+        """The built-in model's workers build their data set and towers (the
+        slow part of their set-up, which needs no shard) while the shards
+        start: one ref per worker, which `setup` waits on. None for a user's
+        model and data (its inputs are opened once, in setup)."""
+        if payload.user is not None:
+            return None
+        job = self._worker_job(payload)
+        return [w.build.remote(worker_spec(self.config, r), job)
+                for r, w in enumerate(self.workers)]
+
+    def _setup_workers(self, payload: Payload, built: list | None = None) -> None:
+        c, user = self.config, payload.user
+        job = self._worker_job(payload)
         inputs = user.worker_inputs(c.num_workers) if user else [None] * c.num_workers
         clip = payload.optimizer and payload.optimizer.global_clipnorm
         # What a replacement of a dead worker is set up with (replace_worker).
         self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
         self.streams_data = user is not None and user.data.kind != "arrays"
-        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r))
+        built = built or [None] * c.num_workers
+        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r),
+                               built=built[r])
                 for r, w in enumerate(self.workers)]
         if c.spare_workers:  # warmed beside the workers: their set-up, not yet a rank
             self.spares = Spares(self.reservation, self.placements,
@@ -207,9 +252,18 @@ class Job:
                                             inputs[0]), c.verbose)
         spare_records = self.spares.start() if self.spares else []
         shards = [p.to_json() for p in self.placements if p.role == "ps"]
+        workers = get(refs)
+        self._mark_startup([w[STARTUP_KEY] for w in workers])
         # Each with its bundle; logs where each landed.
-        records = self.reservation.record(shards + get(refs) + spare_records)
+        records = self.reservation.record(shards + workers + spare_records)
         self.placements.put(*map(Placement.reported, records))
+
+    def _mark_startup(self, workers: list[dict]) -> None:
+        """The start-up's marks from the workers' own times (and the shards')."""
+        up = [w.get("up_at_s") for w in workers] + self._shards_up_at_s
+        self.clock.mark_latest("actors_up", up)
+        self.clock.mark_latest("workers_imported", [w.get("imported_at_s") for w in workers])
+        self.clock.mark_latest("workers_built", [w.get("built_at_s") for w in workers])
 
     def _shard_nodes(self) -> list[str]:
         """Each shard's Ray node id, by index (from where they landed)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 
 from towerps.errors import ClusterError
 from towerps.private import write_private_file
+from towerps.cluster.run.startup import STARTUP_KEY
 
 PLACEMENT_FILE = "placement.json"  # where every actor of the run is now
 
@@ -57,7 +58,8 @@ class Placement:
         or a record of placement.json."""
         typed = {f.name for f in fields(cls)} - {"details"}
         return cls(**{k: v for k, v in record.items() if k in typed},
-                   details={k: v for k, v in record.items() if k not in typed})
+                   details={k: v for k, v in record.items()
+                            if k not in typed and k != STARTUP_KEY})
 
     @property
     def key(self) -> tuple[str, int]:

@@ -97,6 +97,7 @@ def ray_session(address: str | None, num_cpus: int | None = None,
                     include_dashboard=dashboard,
                     runtime_env=runtime_env,
                     logging_level=ray_logging_level(verbose),
+                    _system_config=local_system_config(),
                     **on_loopback,
                 )
         except SystemExit as err:
@@ -160,6 +161,14 @@ def local_daemons() -> dict[str, int]:
     names = {"gcs_server": "GCS", "raylet": "raylet"}
     return {names[kind]: info.process.pid for kind, infos in processes.items()
             if kind in names for info in infos[:1]}
+
+
+def local_system_config() -> dict:
+    """Ray settings of a local cluster towerps starts. No idle workers
+    prestarted for the first driver: they start with no runtime_env, so the
+    job's actors (which have one) never use them, and on a small machine
+    their imports only take CPU from the start-up (cluster/run/startup.py)."""
+    return {"prestart_worker_first_driver": False}
 
 
 def stop_local_ray(grace_s: float = 10.0) -> None:

@@ -100,6 +100,22 @@ def test_scaling(tmp_path):
     assert calibration["alpha_s"] > 0 and calibration["cpu_s_per_step_back_to_back"] > 0
 
 
+def test_startup(tmp_path):
+    """One round: the bad flag refused, a real run's start-up split by phase,
+    every phase zero or more and all of them within the time to the first step."""
+    from towerps.cluster.run.startup import PHASES
+
+    figures = run_bench("startup", tmp_path)["figures"]
+    (round_,) = figures["rounds"]  # --tiny: one round
+    assert round_["bad_flag_s"] > 0 and 0 < round_["startup_s"] < round_["to_first_step_s"]
+    phases = round_["startup_phases_s"]
+    assert list(phases) == list(PHASES)
+    assert all(s >= 0 for s in phases.values())
+    assert sum(phases.values()) <= round_["to_first_step_s"]
+    assert phases["ray_init"] > 0 and phases["worker_imports"] + phases["worker_build"] > 0
+    assert figures["after"]["startup_phases_s"] == phases
+
+
 def test_peers_with_the_peers_threads_set(tmp_path):
     """One run for both: every system trains and reports a rate with every
     peer on one thread per pool (TF PSS: its intra-op pool; with one
