@@ -171,3 +171,28 @@ def test_chaos(tmp_path):
         assert kill["detect_s"] < kill["kill_to_next_step_s"]
     assert figures["examples"]["chaos"] == figures["examples"]["clean"]
     assert figures["chaos_test_accuracy"] == figures["clean_test_accuracy"]
+
+
+def test_hostile(tmp_path):
+    """A live job attacked as a local user would: every case refused (the
+    floods: the job goes on), the parameters unchanged around each checked
+    case. The rates under attack are measured, not asserted."""
+    result = run_bench("hostile", tmp_path)
+    figures = result["figures"]
+    assert set(figures["refused"]) == {
+        "1_half_open_flood_as_nobody", "1_half_open_flood_same_uid", "2_overflowing_push",
+        "3_foreign_run_dir", "4_tampered_status", "5_file_modes",
+        "6_tampered_checkpoint_resume", "7_minted_tokens", "7_minted_9x8_long_pulls",
+        "8_ray_listeners"}
+    assert all(figures["refused"].values()), figures["table"]
+    assert figures["params_unchanged"] and all(figures["params_unchanged"].values())
+    cases = figures["cases"]
+    assert cases["2_overflowing_push"]["codes"] == ["INVALID_ARGUMENT"] * 2
+    assert set(cases["7_minted_tokens"]["answers"].values()) == {"UNAUTHENTICATED",
+                                                                 "PERMISSION_DENIED"}
+    assert cases["4_tampered_status"]["connections_to_listener"] == 0
+    assert cases["8_ray_listeners"]["listening"] and not cases["8_ray_listeners"]["exposed"]
+    assert figures["run"]["summary_written"]
+    for name in ("1_half_open_flood_as_nobody", "1_half_open_flood_same_uid",
+                 "7_minted_9x8_long_pulls"):
+        assert cases[name]["quiet_before"]["steps"] > 0 and cases[name]["rate_ratio"] >= 0
