@@ -141,7 +141,7 @@ def serve_shard(args) -> None:
                                  same_node=args.segment_prefix)
     # The same shard behind a second server, on a Unix socket in a 0700 directory.
     unix_server, _ = create_server(shard, args.unix_address,
-                                   credentials=ShardCredentials(secret, tls))
+                                   credentials=ShardCredentials(secret, tls, num_workers=1))
     bare, bare_port = _bare_server()
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_tcp_serve, args=(listener,), daemon=True).start()

@@ -96,7 +96,8 @@ class ShardActor:
     def start(self, variables: dict, optimizer, lr: float | None, num_workers: int,
               mode=None, end_version: int | None = None, state: dict | None = None,
               checkpoints=None, max_examples: int | None = None, credentials=None,
-              same_node: str | None = None, sockets=None, verbose: bool = False) -> dict:
+              same_node: str | None = None, sockets=None, verbose: bool = False,
+              layout=None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -113,7 +114,8 @@ class ShardActor:
         `sockets` the run's ShardSockets (cluster/run/sockets.py): on a
         one-node cluster the shard listens on a Unix socket there (None: TCP).
         `verbose` shows TensorFlow's start-up lines when a Keras optimizer
-        loads it (hidden otherwise, as in the CLI and the workers).
+        loads it (hidden otherwise, as in the CLI and the workers); `layout` the
+        ShardLayout a replacement's checkpoint part is checked against.
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter, ShardLayout, checkpoint_key
@@ -141,8 +143,10 @@ class ShardActor:
                 max_examples=max_examples,
             )
         else:
-            # Checked against what the placement puts here, not against itself.
-            layout = ShardLayout.of(self._index, num_workers, variables, state)
+            # Checked against what the placement puts here, not against itself:
+            # `layout` (a replacement, started with no variables), else the
+            # shapes of the initial variables it was given.
+            layout = layout or ShardLayout.of(self._index, num_workers, variables, state)
             part = checkpoints.store.read_part(resume, self._index)
             self._shard = Shard.from_state(part, optimizer, mode, end_version,
                                            max_examples=max_examples, layout=layout)

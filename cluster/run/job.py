@@ -53,6 +53,7 @@ from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
 from towerps.errors import ClusterError
 from towerps.ps.checkpoint import ShardState
+from towerps.ps.parts import ShardLayout
 from towerps.ps.optimizers import KerasState, OptimizerSpec
 from towerps.ps.placement import PlacementPlan
 from towerps.ps.saved_state import join_optimizer_states, optimizer_state
@@ -117,6 +118,7 @@ class Job:
         self.resume_version: int | None = None  # started from this checkpoint
         self._shard_checkpoints_spec: ShardCheckpoints | None = None  # what shards were given
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
+        self._layouts: list = []  # each shard's ShardLayout: what its checkpoint parts must hold
         self.sockets: ShardSockets | None = None  # one node: where the shards' sockets are
         self.supervisor: Supervisor | None = None  # set by run() when the job takes checkpoints
         self.optimizer: OptimizerSpec | None = None  # what the shards run; set by start()
@@ -201,11 +203,14 @@ class Job:
                                 same_node=self.segment_prefix, sockets=self.sockets,
                                 verbose=c.verbose)
         checkpoints = self._shard_checkpoints()
+        params = [{n: a for n, a in s.items() if n not in state} for s in shard_slices]
+        states = [{n: a for n, a in s.items() if n in state} for s in shard_slices]
+        # What each shard holds: a replacement's checkpoint part is checked against it.
+        self._layouts = [ShardLayout.of(k, c.num_workers, params[k], states[k])
+                         for k in range(len(self.shards))]
         records = get([
-            shard.start.remote(
-                {n: a for n, a in shard_slices[k].items() if n not in state},
-                state={n: a for n, a in shard_slices[k].items() if n in state},
-                checkpoints=checkpoints, **self._shard_args)
+            shard.start.remote(params[k], state=states[k], checkpoints=checkpoints,
+                               **self._shard_args)
             for k, shard in enumerate(self.shards)
         ])
         self.addresses = tuple(r["address"] for r in records)
@@ -341,7 +346,8 @@ class Job:
         actor = ShardActor.options(**options).remote(k)
         self.shards[k] = actor
         spec = dataclasses.replace(self._shard_checkpoints_spec, resume_version=version)
-        started = actor.start.remote({}, checkpoints=spec, **self._shard_args)
+        started = actor.start.remote({}, checkpoints=spec, layout=self._layouts[k],
+                                     **self._shard_args)
         record = (get([started])[0] if node_id is not None else get_in_bundle(
             started, actor, self.reservation, self.reservation.layout.shard_bundle[k],
             f"shard {k}'s replacement"))
