@@ -20,7 +20,7 @@ train: setup
 # -X faulthandler: a crash, even at the interpreter's exit, prints every thread's stack.
 test:
 	@scripts/setup.sh --tests
-	.venv/bin/python -X faulthandler -m pytest -n 2 --dist loadgroup -ra --durations=30
+	.venv/bin/python -X faulthandler -m pytest -n 2 -ra --durations=30
 
 # The edit-test loop: the unit and rpc tiers only (no Ray, no subprocess
 # clusters), under two minutes on 2 cores. `make test` before a commit.

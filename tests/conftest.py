@@ -11,6 +11,7 @@ then says how many did, so a run without a GPU never looks like a full one.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -39,13 +40,45 @@ def pytest_terminal_summary(terminalreporter):
                 "(scripts/gpu_checks.sh runs them on a GPU machine)", yellow=True)
 
 
-# `make test` runs on two pytest-xdist processes (`-n 2 --dist loadgroup`).
-# Tests that share something stay in one process: the ray tier's one Ray
-# cluster and its shared runs (tests/ray/conftest.py), and the cluster tier's
-# nodes on 127.0.0.2/3 (one set of sshds and Ray nodes at a time). The
-# longest go first, so neither process is left with a long tail at the end.
-SHARED_RAY_FIXTURES = {"ray_cluster", "shared_runs"}
+# `make test` runs on two pytest-xdist processes (`-n 2`). Tests that share
+# something stay in one process: the ray tier's one Ray cluster and its
+# shared runs (tests/ray/conftest.py), and the cluster tier's nodes on
+# 127.0.0.2/3 (one set of sshds and Ray nodes at a time). Each of those is one
+# unit of work; every other test is a unit of its own, and the largest units
+# go first, so neither process is left with a long tail at the end. (xdist's
+# own `--dist loadgroup` reads groups off node ids, which pytest 9.2 no
+# longer lets it change: pytest-xdist#1386.)
+SHARED_RAY_FIXTURES = ("ray_cluster", "shared_runs", "small_run")
+TESTS = Path(__file__).resolve().parent
 TIER_ORDER = {"ray": 0, "cluster": 1, "install": 2, "rpc": 3, "unit": 4}
+
+
+def shared_ray_files() -> set[str]:
+    """The ray tier's test files that use its shared cluster, by node-id path."""
+    return {f"tests/ray/{path.name}" for path in (TESTS / "ray").glob("test_*.py")
+            if any(name in path.read_text() for name in SHARED_RAY_FIXTURES)}
+
+
+def work_unit(nodeid: str, shared: set[str]) -> str:
+    """What a test runs with in one process: its shared things' name, or itself."""
+    path = nodeid.split("::", 1)[0]
+    if path in shared:
+        return "shared-ray"
+    if path.startswith("tests/cluster/"):
+        return "cluster"
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared = shared_ray_files()
+
+    class SharedThingsScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid, shared)
+
+    return SharedThingsScheduling(config, log)
 
 
 def _tier(item) -> str:
@@ -53,10 +86,5 @@ def _tier(item) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if SHARED_RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("shared-ray"))
-        elif _tier(item) == "cluster":
-            item.add_marker(pytest.mark.xdist_group("cluster"))
     # sorted() is stable: within a tier, files and tests keep their order.
     items[:] = sorted(items, key=lambda item: TIER_ORDER[_tier(item)])
