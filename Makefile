@@ -25,4 +25,4 @@ test:
 # The edit-test loop: the unit and rpc tiers only (no Ray, no subprocess
 # clusters), under two minutes on 2 cores. `make test` before a commit.
 check: setup
-	.venv/bin/python -m pytest -q -m "unit or rpc" -p no:cacheprovider
+	.venv/bin/python -m pytest -q -n 2 -m "unit or rpc" -p no:cacheprovider

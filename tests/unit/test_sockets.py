@@ -2,6 +2,7 @@
 
 import os
 import stat
+import tempfile
 
 import pytest
 
@@ -20,10 +21,13 @@ def test_the_sockets_are_in_a_directory_of_the_run_only_its_user_may_enter(tmp_p
     assert len(address) - len("unix:") <= 107
 
 
-def test_a_relative_run_directory_gives_absolute_socket_paths(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    sockets = ShardSockets.for_run("runs/a")
-    assert sockets.address(0).startswith(f"unix:{tmp_path}/runs/a/{SOCKET_DIR}/")
+def test_a_relative_run_directory_gives_absolute_socket_paths(monkeypatch):
+    # A short base: pytest's tmp_path (deeper still under xdist) may be too
+    # long a path for a socket, which the next test covers.
+    with tempfile.TemporaryDirectory(prefix="tps-", dir="/tmp") as base:
+        monkeypatch.chdir(base)
+        sockets = ShardSockets.for_run("runs/a")
+        assert sockets.address(0).startswith(f"unix:{base}/runs/a/{SOCKET_DIR}/")
 
 
 def test_a_run_directory_too_deep_for_a_socket_path_uses_a_private_temporary_one(tmp_path):
