@@ -23,12 +23,14 @@ import os
 import shutil
 
 from towerps.errors import ConfigError
+from towerps.private import check_private_dir
 
 # What shows that a run was here (a run writes config.json once its actors are up).
 RUN_MARKERS = ("summary.json", "config.json", "checkpoints")
 # Everything a run writes into its directory (--overwrite deletes these alone).
 RUN_OUTPUTS = (*RUN_MARKERS, "job.yaml", "metrics.jsonl", "model.keras", "workers.json",
-               "placement.json", "cluster.json", "token", "tls", "recoveries.json")
+               "placement.json", "cluster.json", "secret", "token", "tls", "sock",
+               "recoveries.json")
 TENSORBOARD_FILES = "events.out.tfevents.*"
 
 
@@ -39,7 +41,11 @@ def held_by_run(run_dir: str) -> list[str]:
 
 def claim(run_dir: str, overwrite: bool = False) -> None:
     """Make `run_dir` free for a new run: raise ConfigError if it holds one,
-    or with `overwrite` delete that run's files first."""
+    or with `overwrite` delete that run's files first. UnsafePath, before
+    anything is read or deleted, when `run_dir` is another user's, others
+    may write it or it is a symlink (towerps.private)."""
+    if os.path.lexists(run_dir):
+        check_private_dir(run_dir)
     held = held_by_run(run_dir)
     if not held:
         return

@@ -250,15 +250,19 @@ CLEAN_ENDS = ("steps", "budget", "interrupted")
 def ended_run(run_dir: str) -> tuple[str, int] | None:
     """(how the run in `run_dir` ended, from its summary.json; the exit
     status: 0 for an end the user asked for, 1 otherwise), or None while
-    it has not ended: no summary.json, or one written before the run now
-    under way started (cluster.json's written_at_s: a --resume)."""
+    it has not ended: no summary.json, or one older than cluster.json (a
+    --resume under way has rewritten cluster.json since; a run that replaced
+    a shard rewrote it too, but before its summary). File times, not the
+    times inside: a summary written when Ray was lost counts from before
+    Ray started."""
     if os.path.lexists(run_dir):
         check_private_dir(run_dir)
     summary = _read_json(os.path.join(run_dir, "summary.json"))
     if summary is None:
         return None
-    cluster = _read_json(os.path.join(run_dir, "cluster.json")) or {}
-    if cluster.get("written_at_s", 0.0) > summary.get("train_started_at_s", 0.0):
+    cluster_file = os.path.join(run_dir, "cluster.json")
+    if (os.path.exists(cluster_file) and os.stat(cluster_file).st_mtime_ns
+            > os.stat(os.path.join(run_dir, "summary.json")).st_mtime_ns):
         return None
     stopped, steps = summary.get("stopped", "steps"), summary.get("steps")
     how = {"steps": f"finished its {steps} steps",

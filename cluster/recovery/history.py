@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from towerps.cluster.api.summary import Recovery
-from towerps.private import write_private_file
+from towerps.private import read_private_file, write_private_file
 
 HISTORY_FILE = "recoveries.json"
 STALL_S = 5.0  # no update for this long while training: a line says so
@@ -90,11 +90,11 @@ class Stall:
 
 def load_history(run_dir: str) -> list[Recovery]:
     """The recoveries a run recorded in `run_dir` ([] if none)."""
-    try:
-        with open(os.path.join(run_dir, HISTORY_FILE)) as f:
-            return [Recovery(**r) for r in json.load(f)]
-    except FileNotFoundError:
+    path = os.path.join(run_dir, HISTORY_FILE)
+    if not os.path.lexists(path):
         return []
+    # A resume trusts only what no one else could have changed (UnsafePath).
+    return [Recovery(**r) for r in json.loads(read_private_file(path))]
 
 
 def save_history(run_dir: str, recoveries: list[Recovery]) -> None:

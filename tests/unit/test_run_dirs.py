@@ -11,6 +11,7 @@ import yaml
 from towerps.cluster.api import cli
 from towerps.cluster.api.run_dirs import claim, held_by_run, repeat_dir
 from towerps.errors import ConfigError
+from towerps.private import UnsafePath
 
 pytestmark = pytest.mark.unit
 
@@ -21,9 +22,10 @@ SMALL = ["--dataset", "synthetic", "--steps", "3", "--num-workers", "1", "--num-
 def a_run(folder):
     folder.mkdir(parents=True)
     for name in ("summary.json", "config.json", "model.keras", "metrics.jsonl", "job.yaml",
-                 "events.out.tfevents.1.host"):
+                 "events.out.tfevents.1.host", "secret", "token", "recoveries.json"):
         (folder / name).write_text("old")
     (folder / "checkpoints" / "v0000000002").mkdir(parents=True)
+    (folder / "sock").mkdir()
     (folder / "notes.txt").write_text("mine")
     return folder
 
@@ -67,6 +69,14 @@ def test_overwrite_deletes_the_run_s_files_and_nothing_else(tmp_path):
     claim(str(run), overwrite=True)
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
     assert held_by_run(str(run)) == []
+
+
+def test_a_symlinked_run_dir_is_refused_before_anything_is_deleted(tmp_path):
+    run = a_run(tmp_path / "x")
+    (tmp_path / "link").symlink_to(run)
+    with pytest.raises(UnsafePath, match="is a symlink"):
+        claim(str(tmp_path / "link"), overwrite=True)
+    assert (run / "model.keras").exists() and (run / "secret").exists()
 
 
 def test_a_repeat_goes_to_the_first_free_directory_beside_the_run(tmp_path):

@@ -163,6 +163,9 @@ def ended(tmp_path, cluster_at_s: float, **summary) -> None:
         "wall_s": 61.5, "examples_per_s": 2081.3, "train_started_at_s": 1000.0,
         "test_metrics": {"accuracy": 0.8512}, "recoveries": [], "stopped": "steps",
         **summary}))
+    # Which was written last is what tells: the files' times.
+    os.utime(tmp_path / "cluster.json", (cluster_at_s, cluster_at_s))
+    os.utime(tmp_path / "summary.json", (1000.0, 1000.0))
 
 
 def test_an_ended_run_shows_how_it_ended_not_its_gone_shards(tmp_path, capsys):
