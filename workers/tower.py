@@ -107,6 +107,10 @@ class Tower:
         if missing:
             raise ConfigError(f"the loss does not depend on trainable variables {missing}; "
                               "mark them trainable=False or use them in the model's output")
+        # An Embedding's gradient is an IndexedSlices (rows and their ids);
+        # made dense here exactly as TensorFlow makes it dense itself.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
         return loss, grads, [v.value for v in self._state.values()]
 
     def compute_gradients(self, x, y) -> tuple[dict[str, np.ndarray], float]:
