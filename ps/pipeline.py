@@ -85,6 +85,7 @@ from towerps.ps.guard import Call
 from towerps.ps.limits import IdleWatch, ShardLimits, checked_wait
 from towerps.ps.shard import PushOutcome, PushResult, Shard
 from towerps.ps.transport import PullPlan, ShardCarrier
+from towerps.sparse import from_wire, wire_specs
 from towerps.wire import pull_wire_dtype
 
 _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
@@ -129,8 +130,10 @@ class Pipeline:
             if shared:
                 _check_shared(header, then_pull)
             carrier = self._push_carrier(header)  # the rest of stage 4, before stage 5
+            specs = wire_specs(self._shard.specs, header.sparse)  # the rest of stage 4
             pull = self._pull_plan(header.pull, header.step + 1, call) if then_pull else None
-            tensors = carrier.receive(header, parts, self._shard.specs)
+            tensors = from_wire(carrier.receive(header, parts, specs), header.sparse,
+                                self._shard.specs)
         finally:
             stream.done()
         return CheckedPush(header, tensors, pull)

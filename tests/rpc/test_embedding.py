@@ -9,8 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from tests.models.own import embedding, embedding_data
+from tests.models.own import EMBEDDING_ROWS, EMBEDDING_WIDTH, embedding, embedding_data
 from towerps.ps import Shard, create_server, make_optimizer, plan_placement
+from towerps.sparse import RowSparse
 from towerps.workers import PSClient, Tower, Worker, WorkerSpec
 from towerps.workers.data import DataSet
 
@@ -37,8 +38,12 @@ def one_process(dataset, optimizer, lr):
         tower.set_weights(params)
         grads, _ = tower.compute_gradients(
             *dataset.train_batch(step, SEED, BATCH, slice(0, BATCH)))
-        opt.apply(params, {n: np.asarray(grads[n]) for n in tower.trainable_names})
+        opt.apply(params, {n: dense(grads[n]) for n in tower.trainable_names})
     return params
+
+
+def dense(grad):
+    return grad.to_dense() if isinstance(grad, RowSparse) else np.asarray(grad)
 
 
 @pytest.fixture
@@ -110,3 +115,27 @@ def test_two_workers_train_an_embedding_model_to_one_process_weights(dataset, tr
     want = one_process(dataset, optimizer, lr)
     for name in want:
         np.testing.assert_allclose(weights[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def pushed_bytes(dataset, part, dense_bytes):
+    """What a worker on rows `part` of each global batch pushes: per step,
+    every looked-up row of the table (float32) with its int64 id, and the
+    dense variables whole."""
+    total = 0
+    for step in range(STEPS):
+        x, _ = dataset.train_batch(step, SEED, BATCH, part)
+        looked_up = len(np.unique(x.astype(np.int64)))
+        total += looked_up * (EMBEDDING_WIDTH * 4 + 8) + dense_bytes
+    return total
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_a_push_carries_the_looked_up_rows_and_their_ids_not_the_table(dataset, train,
+                                                                      num_shards):
+    _, clients = train(2, "sgd", 0.5, num_shards=num_shards, slice_bytes=8192)
+    initial = Tower(embedding()).get_weights()
+    dense_bytes = sum(w.nbytes for n, w in initial.items() if w.shape[0] != EMBEDDING_ROWS)
+    for rank, client in enumerate(clients):
+        part = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+        assert client.bytes_sent == pushed_bytes(dataset, part, dense_bytes)
+        assert client.bytes_sent < STEPS * EMBEDDING_ROWS * EMBEDDING_WIDTH * 4 / 4
