@@ -149,9 +149,10 @@ def wire_specs(specs: Mapping[str, TensorSpec], sparse: Sequence) -> Mapping[str
 def from_wire(flat: Mapping[str, np.ndarray], sparse: Sequence,
               specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
     """The pushed gradients: each `sparse` entry's rows and ids joined into
-    a RowSparse of its variable in `specs`. BadTensor if either is missing."""
+    a RowSparse of its variable in `specs` (none: `flat` itself). BadTensor
+    if either is missing."""
     if not sparse:
-        return dict(flat)
+        return flat
     out = dict(flat)
     for entry in sparse:
         rows = out.pop(entry.name, None)
