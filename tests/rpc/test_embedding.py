@@ -11,9 +11,11 @@ import pytest
 
 from tests.models.own import EMBEDDING_ROWS, EMBEDDING_WIDTH, embedding, embedding_data
 from towerps.ps import Shard, create_server, make_optimizer, plan_placement
+from towerps.shm import new_run_prefix, sweep
 from towerps.sparse import RowSparse
 from towerps.workers import PSClient, Tower, Worker, WorkerSpec
 from towerps.workers.data import DataSet
+from towerps.workers.same_node import SameNode
 
 pytestmark = pytest.mark.rpc
 
@@ -50,23 +52,28 @@ def dense(grad):
 def train(dataset):
     """train(num_workers, optimizer, lr, num_shards=1) -> (shards' weights, clients):
     workers in threads against real shards, sync, float32 on the wire."""
-    stops = []
+    stops, prefixes = [], []
 
-    def run(num_workers, optimizer, lr, num_shards=1, slice_bytes=None):
+    def run(num_workers, optimizer, lr, num_shards=1, slice_bytes=None, transport="grpc"):
         initial = Tower(embedding()).get_weights()
         plan = plan_placement({n: w.shape for n, w in initial.items()}, num_shards,
                               slice_bytes=slice_bytes)
         addresses, shards = [], []
+        prefix = new_run_prefix() if transport == "shm" else None
+        if prefix:
+            prefixes.append(prefix)
         for k, part in enumerate(plan.split(initial)):
             shard = Shard(k, part, make_optimizer(optimizer, lr), num_workers,
                           end_version=STEPS, max_examples=BATCH)
-            server, port = create_server(shard, "127.0.0.1:0")
+            server, port = create_server(shard, "127.0.0.1:0", same_node=prefix)
             stops.append((shard, server))
             shards.append(shard)
             addresses.append(f"127.0.0.1:{port}")
         workers, clients = [], []
         for rank in range(num_workers):
-            client = PSClient(addresses, plan, max_attempts=2, backoff_s=0.01)
+            same = SameNode(prefix, rank, tuple(range(num_shards))) if prefix else None
+            client = PSClient(addresses, plan, max_attempts=2, backoff_s=0.01, same_node=same)
+            assert client.uses_shared_memory(0) == (prefix is not None)
             stops.append((client, None))
             clients.append(client)
             spec = WorkerSpec(rank, num_workers, BATCH, STEPS, seed=SEED, pull_timeout_s=TIMEOUT_S)
@@ -97,10 +104,14 @@ def train(dataset):
         obj.close()
         if server is not None:
             server.stop(grace=None).wait()
+    for prefix in prefixes:
+        sweep(prefix)
 
 
-def test_one_worker_trains_an_embedding_model_bit_for_bit_as_one_process(dataset, train):
-    weights, _ = train(1, "sgd", 0.5)
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_one_worker_trains_an_embedding_model_bit_for_bit_as_one_process(dataset, train,
+                                                                       transport):
+    weights, _ = train(1, "sgd", 0.5, num_shards=2, slice_bytes=8192, transport=transport)
     want = one_process(dataset, "sgd", 0.5)
     initial = Tower(embedding()).get_weights()
     for name in want:
@@ -129,10 +140,11 @@ def pushed_bytes(dataset, part, dense_bytes):
     return total
 
 
-@pytest.mark.parametrize("num_shards", [1, 2])
+@pytest.mark.parametrize("num_shards, transport", [(1, "grpc"), (2, "grpc"), (2, "shm")])
 def test_a_push_carries_the_looked_up_rows_and_their_ids_not_the_table(dataset, train,
-                                                                      num_shards):
-    _, clients = train(2, "sgd", 0.5, num_shards=num_shards, slice_bytes=8192)
+                                                                      num_shards, transport):
+    _, clients = train(2, "sgd", 0.5, num_shards=num_shards, slice_bytes=8192,
+                       transport=transport)
     initial = Tower(embedding()).get_weights()
     dense_bytes = sum(w.nbytes for n, w in initial.items() if w.shape[0] != EMBEDDING_ROWS)
     for rank, client in enumerate(clients):
