@@ -107,9 +107,10 @@ class StepBuffer:
 
     def _sum_in(self, grads: Mapping[str, np.ndarray], num_examples: int, first: bool) -> None:
         n = np.float32(num_examples)
-        if self._sparse_rows:  # a dense push adds to every row: none keeps a -0.0 (_add_rows)
-            for name in grads:
-                self._sparse_rows.pop(name, None)
+        if self._sparse_rows:  # a dense push adds to every row: any may hold a -0.0 (_add_rows)
+            for name, grad in grads.items():
+                if not isinstance(grad, RowSparse):
+                    self._sparse_rows.pop(name, None)
         for name, grad in grads.items():
             if isinstance(grad, RowSparse):
                 self._add_rows(name, grad, n, first)
