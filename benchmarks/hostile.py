@@ -165,14 +165,10 @@ class Job:
                 digest.update(name.encode() + tensors[name].tobytes())
         return min(versions), f"{versions}:{digest.hexdigest()[:16]}"
 
-    def worker_pids(self) -> list[int]:
-        with open(os.path.join(self.run_dir, "placement.json")) as f:
-            return [r["pid"] for r in json.load(f) if r["role"] == "worker"]
-
     @contextlib.contextmanager
     def paused(self):
         """The job's workers stopped (SIGSTOP), once the shards' version is still."""
-        pids = self.worker_pids()
+        pids = self.pids("worker")
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -191,12 +187,40 @@ class Job:
                     os.kill(pid, signal.SIGCONT)
 
     def steps_per_s(self, window_s: float, during=None) -> dict:
-        """Steps/s over `window_s`; `during` is entered for the window."""
+        """Steps/s over `window_s`; `during` is entered for the window. Also
+        the CPU (in cores: CPU seconds per second, from the attack's start
+        to its end) of this process and the children it waited for (the
+        floods, and this harness's own Status calls), of the shards and of
+        the workers: what the attack costs the shards, and what it burns
+        itself on a machine the job shares."""
+        pids = {role: self.pids(role) for role in ("ps", "worker")}
+        cpu0, s0 = self.cpu_s(pids), time.monotonic()
         with (during or contextlib.nullcontext()):
             t0, v0 = time.monotonic(), self.version()
             time.sleep(window_s)
             t1, v1 = time.monotonic(), self.version()
-        return {"steps": v1 - v0, "seconds": t1 - t0, "steps_per_s": (v1 - v0) / (t1 - t0)}
+        span_s = time.monotonic() - s0
+        cpu = {k: round((v - cpu0[k]) / span_s, 3) for k, v in self.cpu_s(pids).items()}
+        return {"steps": v1 - v0, "seconds": t1 - t0, "steps_per_s": (v1 - v0) / (t1 - t0),
+                "cpu_cores": cpu}
+
+    def pids(self, role: str) -> list[int]:
+        """The pids of the job's shards ("ps") or workers."""
+        with open(os.path.join(self.run_dir, "placement.json")) as f:
+            return [r["pid"] for r in json.load(f) if r["role"] == role]
+
+    @staticmethod
+    def cpu_s(pids: dict) -> dict:
+        """CPU seconds so far: "attacker" (this process and its waited-for
+        children), and each role of `pids` (from /proc)."""
+        import resource
+
+        own = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                  for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        out = {"attacker": own}
+        for role, role_pids in pids.items():
+            out[role] = sum(process_cpu_s(pid) for pid in role_pids)
+        return out
 
     def stop(self, timeout_s: float = 180.0) -> int:
         """SIGINT (a stop the user asked for), then the exit status."""
@@ -211,6 +235,16 @@ class Job:
             code = self.proc.wait()
         self.log.close()
         return code
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_channel(address: str):

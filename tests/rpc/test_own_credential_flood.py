@@ -6,6 +6,7 @@ pull may wait no further ahead than the next version.
     .venv/bin/python -m pytest tests/rpc/test_own_credential_flood.py
 """
 
+import contextlib
 import threading
 from collections import Counter
 
@@ -128,3 +129,34 @@ def test_a_flood_under_a_workers_own_credential_leaves_its_steps_going():
         shard.close()
         server.stop(grace=None).wait()
 
+
+
+
+@contextlib.contextmanager
+def served(shard):
+    """A channel to `shard` behind a real server on 127.0.0.1 port 0."""
+    server, port = create_server(shard, "127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield channel
+    finally:
+        channel.close()
+        shard.close()
+        server.stop(grace=None).wait()
+
+
+def test_a_pull_further_ahead_than_the_next_version_is_refused_unless_the_run_ends_first():
+    def pull(channel, min_version):
+        request = pb.PullRequest(min_version=min_version, timeout_s=10.0)
+        return list(pb_grpc.ParameterServerStub(channel).Pull(request, timeout=20))
+
+    with served(Shard(0, {"w": np.zeros(4, np.float32)}, make_optimizer("sgd", 0.1), 1)) as ch:
+        with pytest.raises(grpc.RpcError) as err:  # the shard is at version 0
+            pull(ch, 2)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "at most version 1" in err.value.details()
+    ended = Shard(0, {"w": np.zeros(4, np.float32)}, make_optimizer("sgd", 0.1), 1,
+                  end_version=0)
+    with served(ended) as ch:  # beyond the run's end: answered at once, as ever
+        header = pull(ch, 10)[0].header
+        assert header.version == 0
