@@ -28,8 +28,9 @@ status code (ps/transport.py's STATUS_CODES), so no method maps its own.
 Every refusal is counted by its reason (`Refusals`, in the shard's Status).
 
 A stranger's refusal costs as little as the door can make it: the token is
-read from the headers, and a handler made once per reply shape sets the status code and returns (no exception raised, no message built,
-nothing logged).
+read from the headers, and a handler made once per reply shape sets the
+status code and returns (no exception raised, no message built, nothing
+logged). What is left is gRPC Python's own cost of a call.
 
 No caller without credentials holds a thread. The authentication runs on
 gRPC's serving thread (this interceptor), with the call's headers, before
@@ -170,9 +171,8 @@ class Guard(grpc.ServerInterceptor):
         self.refusals = Refusals()
         self._bodies = IdleWatch(limits.body_s)  # calls outside the job's, awaiting a request
         # A stranger's refusal, one handler per reply shape, made once.
-        self._strangers = {streaming: _status_handler(
-            grpc.StatusCode.UNAUTHENTICATED, _NO_TOKEN, streaming, self.refusals)
-            for streaming in (False, True)}
+        self._strangers = {streaming: _stranger_refusal(streaming, self.refusals)
+                           for streaming in (False, True)}
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -200,18 +200,18 @@ def _of_the_job(principal: Principal | None) -> bool:
     return principal is None or principal.role in ("worker", "driver")
 
 
-def _status_handler(code: grpc.StatusCode, details: str, response_streaming: bool,
-                    refusals: Refusals):
-    """A handler that takes a request stream (gRPC runs it at once, with no
-    request come), reads nothing and ends the call with `code`: it sets the
-    status and returns, which ends the call with that status (no reply
-    message: there is no serializer), without raising."""
-    err = NotAuthenticated(details)
+def _stranger_refusal(response_streaming: bool, refusals: Refusals):
+    """The handler that answers every call without valid credentials: it
+    takes a request stream (gRPC runs it at once, with no request come),
+    reads nothing, sets UNAUTHENTICATED and returns, which ends the call
+    with that status (no reply message: there is no serializer) without an
+    exception raised and caught."""
+    err = NotAuthenticated(_NO_TOKEN)
 
     def refuse(requests, context):
         refusals.count(err)
-        context.set_code(code)
-        context.set_details(details)
+        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_details(_NO_TOKEN)
 
     def refuse_stream(requests, context):
         refuse(requests, context)
