@@ -8,9 +8,10 @@ shards, sync, checkpoints) runs on this machine, and each case below is
 tried against it, over loopback or its Unix sockets only:
 
   1 flood    half-open calls (headers, never a body) to every method, no
-             credentials: as uid `nobody` (when this runs as root; a stdlib
-             HTTP/2 client, since towerps' virtualenv may not be readable by
-             nobody) and as this uid (a caller who can reach the socket)
+             credentials: as uid `nobody` (a stdlib HTTP/2 client, since
+             towerps' virtualenv may not be readable by nobody; only root
+             can switch to nobody, so otherwise "not run") and as this uid
+             (a caller who can reach the socket)
   2 overflow a finite push that overflows once weighted (1e38 x the
              worker's examples), with a minted worker-0 token: a compromised
              worker
@@ -164,14 +165,10 @@ class Job:
                 digest.update(name.encode() + tensors[name].tobytes())
         return min(versions), f"{versions}:{digest.hexdigest()[:16]}"
 
-    def worker_pids(self) -> list[int]:
-        with open(os.path.join(self.run_dir, "placement.json")) as f:
-            return [r["pid"] for r in json.load(f) if r["role"] == "worker"]
-
     @contextlib.contextmanager
     def paused(self):
         """The job's workers stopped (SIGSTOP), once the shards' version is still."""
-        pids = self.worker_pids()
+        pids = self.pids("worker")
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -190,12 +187,40 @@ class Job:
                     os.kill(pid, signal.SIGCONT)
 
     def steps_per_s(self, window_s: float, during=None) -> dict:
-        """Steps/s over `window_s`; `during` is entered for the window."""
+        """Steps/s over `window_s`; `during` is entered for the window. Also
+        the CPU (in cores: CPU seconds per second, from the attack's start
+        to its end) of this process and the children it waited for (the
+        floods, and this harness's own Status calls), of the shards and of
+        the workers: what the attack costs the shards, and what it burns
+        itself on a machine the job shares."""
+        pids = {role: self.pids(role) for role in ("ps", "worker")}
+        cpu0, s0 = self.cpu_s(pids), time.monotonic()
         with (during or contextlib.nullcontext()):
             t0, v0 = time.monotonic(), self.version()
             time.sleep(window_s)
             t1, v1 = time.monotonic(), self.version()
-        return {"steps": v1 - v0, "seconds": t1 - t0, "steps_per_s": (v1 - v0) / (t1 - t0)}
+        span_s = time.monotonic() - s0
+        cpu = {k: round((v - cpu0[k]) / span_s, 3) for k, v in self.cpu_s(pids).items()}
+        return {"steps": v1 - v0, "seconds": t1 - t0, "steps_per_s": (v1 - v0) / (t1 - t0),
+                "cpu_cores": cpu}
+
+    def pids(self, role: str) -> list[int]:
+        """The pids of the job's shards ("ps") or workers."""
+        with open(os.path.join(self.run_dir, "placement.json")) as f:
+            return [r["pid"] for r in json.load(f) if r["role"] == role]
+
+    @staticmethod
+    def cpu_s(pids: dict) -> dict:
+        """CPU seconds so far: "attacker" (this process and its waited-for
+        children), and each role of `pids` (from /proc)."""
+        import resource
+
+        own = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                  for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        out = {"attacker": own}
+        for role, role_pids in pids.items():
+            out[role] = sum(process_cpu_s(pid) for pid in role_pids)
+        return out
 
     def stop(self, timeout_s: float = 180.0) -> int:
         """SIGINT (a stop the user asked for), then the exit status."""
@@ -210,6 +235,16 @@ class Job:
             code = self.proc.wait()
         self.log.close()
         return code
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_channel(address: str):
@@ -312,19 +347,18 @@ print(json.dumps(out))
 
 
 class NobodyFlood:
-    """NOBODY_FLOOD in a child process as uid/gid 65534 (when root), for the window."""
+    """NOBODY_FLOOD in a child process as uid/gid 65534 (only root may switch), for the window."""
 
     def __init__(self, job: Job, calls: int, hold_s: float):
         from benchmarks._flood import HALF_OPEN_METHODS
 
-        self.as_nobody = os.geteuid() == 0
         spec = {"addresses": job.addresses, "calls": calls, "hold_s": hold_s,
                 "methods": list(HALF_OPEN_METHODS),
                 "cluster_json": os.path.join(job.run_dir, "cluster.json")}
         python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
-        who = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if self.as_nobody else {}
         self._args = dict(args=[python, "-c", NOBODY_FLOOD, json.dumps(spec)], cwd="/",
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **who)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          user=NOBODY, group=NOBODY, extra_groups=[])
         self.result: dict = {}
 
     def __enter__(self):
@@ -334,7 +368,6 @@ class NobodyFlood:
     def __exit__(self, *exc):
         out, err = self._proc.communicate(timeout=120)
         self.result = json.loads(out) if out.strip() else {"error": err[-1000:]}
-        self.result["as_nobody"] = self.as_nobody
 
 
 class StrangerFlood:
@@ -765,11 +798,13 @@ def main(argv=None) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
     rate_cases = {k: v for k, v in cases.items() if "rate_ratio" in v}
-    refused = {k: bool(v.get("refused")) for k, v in cases.items()}
+    not_run = {k: v["not_run"] for k, v in cases.items() if "not_run" in v}
+    refused = {k: bool(v.get("refused")) for k, v in cases.items() if k not in not_run}
     unchanged = {k: v["params_unchanged"] for k, v in cases.items() if "params_unchanged" in v}
     ratios = {k: v["rate_ratio"] for k, v in rate_cases.items()}
     worst = min((r for r in ratios.values() if r is not None), default=None)
-    figures = {"cases": cases, "run": run, "refused": refused, "params_unchanged": unchanged,
+    figures = {"cases": cases, "run": run, "refused": refused, "not_run": not_run,
+               "params_unchanged": unchanged,
                "rate_ratio": ratios, "table": table(cases)}
     goals = [
         common.goal("every case refused (1 and 7: the job goes on)",
@@ -779,9 +814,9 @@ def main(argv=None) -> dict:
         common.goal("training rate under attack / without (floods of 1 and 7), the worst",
                     worst, RATE_GOAL),
     ]
-    if os.geteuid() != 0:
-        notes.append("not root: the 'nobody' flood ran as this uid")
-    summary_line = (f"{sum(refused.values())}/{len(refused)} cases refused, parameters unchanged "
+    notes.extend(f"{name}: {why}" for name, why in not_run.items())
+    summary_line = (f"{sum(refused.values())}/{len(refused)} cases refused"
+                    f"{f' ({len(not_run)} not run)' if not_run else ''}, parameters unchanged "
                     f"in {sum(unchanged.values())}/{len(unchanged)}, worst rate under attack "
                     f"{worst:.2f}x" if worst is not None else "no rate measured")
     inputs = {"workers": WORKERS, "shards": SHARDS, "batch_size": BATCH, "dataset": "synthetic",
@@ -798,9 +833,15 @@ def went_on(case: dict) -> bool:
     return case["job_alive"] and case["quiet_after"]["steps"] > 0
 
 
+NOT_RUN_AS_NOBODY = "not run (needs root to switch to uid nobody)"
+
+
 def nobody_case(job: Job, window_s: float, calls: int) -> dict:
-    """Flood 1 by uid nobody: the job goes on, and (as root) nobody can
-    neither read cluster.json nor connect to the shards' sockets."""
+    """Flood 1 by uid nobody: the job goes on, and nobody can neither read
+    cluster.json nor connect to the shards' sockets. Only root can become
+    nobody: otherwise the case is not run (the same-uid flood is case 1's other half)."""
+    if os.geteuid() != 0:
+        return {"not_run": NOT_RUN_AS_NOBODY}
     nobody = NobodyFlood(job, calls, hold_s=window_s)
     case = rate_case(job, window_s, nobody)
     case["flood"] = nobody.result
@@ -813,7 +854,7 @@ def nobody_case(job: Job, window_s: float, calls: int) -> dict:
 
     case.update(checked(job, again))
     shut_out = all(s.get("connect") != "ok" for s in nobody.result.get("shards", [{}]))
-    case["refused"] = went_on(case) and (shut_out or not nobody.as_nobody)
+    case["refused"] = went_on(case) and shut_out
     return case
 
 
@@ -853,6 +894,8 @@ def table(cases: dict) -> list[str]:
 
 
 def _answer(case: dict) -> str:
+    if "not_run" in case:
+        return case["not_run"]
     if "flood" in case:
         flood = case["flood"]
         return json.dumps({"uid": flood.get("uid"), "cluster.json": flood.get("cluster_json"),

@@ -1,7 +1,8 @@
 """Parameter-server shards: variables, optimizer, versions, quorum.
 
 Public API: `Shard` (the core, no sockets), `Mode` (sync / async / ssp),
-`PushOutcome` (what a shard did with a push), `create_server` (its gRPC face), `plan_placement` (which shard holds which
+`PushOutcome` (what a shard did with a push), `create_server` (its gRPC face) and
+`guard_of` (that server's door: call slots, refusals), `plan_placement` (which shard holds which
 variable, or which rows), `make_optimizer`.
 This package never imports Ray.
 
@@ -19,6 +20,7 @@ _EXPORTS = {
     "PlacementPlan": "placement",
     "plan_placement": "placement",
     "create_server": "servicer",
+    "guard_of": "servicer",
     "PushOutcome": "shard",
     "PushResult": "shard",
     "Shard": "shard",

@@ -12,17 +12,25 @@ reflection), before any byte of the request is parsed:
     The principal it
     proves is worked out here once and travels with the call: the method
     gets a `Call` (gRPC's context, and the principal) for its context;
- 2. the call takes a slot of its class and of its peer's cap (the peer is
-    the authenticated principal, or the caller's host without credentials);
-    beyond either: RESOURCE_EXHAUSTED with the cap named. The job's calls
-    to ParameterServer (its workers', its driver's; any caller's on a
-    server that asks for no credentials) take the slots reserved for them,
-    every other call (health, reflection, other principals) one of a small
-    cap of its own (ps/limits.py);
+ 2. the call takes a slot of its class and of its peer's cap for its kind
+    (the peer is the authenticated principal, or the caller's host without
+    credentials); beyond either: RESOURCE_EXHAUSTED with the cap named. The
+    job's calls to ParameterServer (its workers', its driver's; any
+    caller's on a server that asks for no credentials) take the slots
+    reserved for them, every other call (health, reflection, other
+    principals) one of a small cap of its own; a call that pushes and any
+    other call of the job are capped apart per peer, so pulls under a
+    worker's credential cannot take the slots of its steps (ps/limits.py);
  3. a request that its deserializer cannot parse ends the call with
     INVALID_ARGUMENT and the reason, never gRPC's INTERNAL.
 And after the method: a TowerpsError it raised ends the call with its
 status code (ps/transport.py's STATUS_CODES), so no method maps its own.
+Every refusal is counted by its reason (`Refusals`, in the shard's Status).
+
+A stranger's refusal costs as little as the door can make it: the token is
+read from the headers, and a handler made once per reply shape sets the
+status code and returns (no exception raised, no message built, nothing
+logged). What is left is gRPC Python's own cost of a call.
 
 No caller without credentials holds a thread. The authentication runs on
 gRPC's serving thread (this interceptor), with the call's headers, before
@@ -49,14 +57,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from towerps.auth import Authenticator, Principal
-from towerps.errors import AccessDenied, BadRequest, NotAuthenticated
-from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits
+from towerps.errors import AccessDenied, BadRequest, NotAuthenticated, Overloaded
+from towerps.ps.limits import CALL, OTHER, PUSH, CallSlots, IdleWatch, ShardLimits
 from towerps.ps.transport import ANSWERED, METHOD, abort
+
+# The ParameterServer methods that carry a push (a worker's step): their
+# own kind of slots per peer (ps/limits.py's PUSH).
+_PUSHES = frozenset(METHOD + name for name in
+                    ("Push", "PushPull", "SharedPush", "SharedPushPull"))
+_NO_TOKEN = ("no valid credentials: send the job's token as 'authorization: Bearer "
+             "<token>' (the run directory's token file names where it is)")
 
 
 class Call:
@@ -65,9 +81,11 @@ class Call:
     credentials, and any caller may act as any rank). Everything else of the
     context is reached through it, so the standard services take it as theirs."""
 
-    def __init__(self, context: grpc.ServicerContext, principal: Principal | None):
+    def __init__(self, context: grpc.ServicerContext, principal: Principal | None,
+                 slots: CallSlots | None = None, peer: str = ""):
         self._context = context
         self.principal = principal
+        self._slots, self._peer = slots, peer
         self._ended: threading.Event | None = None
 
     def __getattr__(self, name: str):  # abort, cancel, time_remaining, peer, ...
@@ -78,6 +96,11 @@ class Call:
         credentials, only worker `rank`'s token may)."""
         if self.principal is not None and not self.principal.may_push_as(rank):
             raise AccessDenied(f"{self.principal.name} may not push as worker {rank}")
+
+    def waiting(self):
+        """A context that holds one of the peer's waits (a pull whose
+        version is not there yet); Overloaded beyond its cap."""
+        return nullcontext() if self._slots is None else self._slots.waiting(self._peer)
 
     def wait_s(self, timeout_s: float) -> float:
         """`timeout_s`, but never past the caller's deadline."""
@@ -108,30 +131,66 @@ class _Malformed:
         self.reason = reason
 
 
+class Refusals:
+    """Calls a shard refused, by reason: the counts StatusReply carries.
+    Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.unauthenticated = 0  # no valid credentials
+        self.permission_denied = 0  # a method or rank the credential may not use
+        self.overloaded = 0  # beyond a call cap
+        self.bad_tensor = 0  # INVALID_ARGUMENT: a malformed message, tensor or field
+
+    def count(self, err: Exception) -> None:
+        """Count `err` (a TowerpsError a call ended with) if it is a refusal."""
+        if isinstance(err, NotAuthenticated):
+            name = "unauthenticated"
+        elif isinstance(err, AccessDenied):
+            name = "permission_denied"
+        elif isinstance(err, Overloaded):
+            name = "overloaded"
+        elif isinstance(err, BadRequest):
+            name = "bad_tensor"
+        else:
+            return
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def counts(self) -> dict[str, int]:
+        """{"refused_unauthenticated": n, ...}: StatusReply's fields."""
+        with self._lock:
+            return {f"refused_{name}": getattr(self, name) for name in
+                    ("unauthenticated", "permission_denied", "overloaded", "bad_tensor")}
+
+
 class Guard(grpc.ServerInterceptor):
     def __init__(self, auth: Authenticator | None, limits: ShardLimits):
         self._auth = auth
         self.slots = CallSlots(limits)
+        self.refusals = Refusals()
         self._bodies = IdleWatch(limits.body_s)  # calls outside the job's, awaiting a request
+        # A stranger's refusal, one handler per reply shape, made once.
+        self._strangers = {streaming: _stranger_refusal(streaming, self.refusals)
+                           for streaming in (False, True)}
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         principal = None
+        method = handler_call_details.method
         if self._auth is not None:
             principal = self._auth.principal(handler_call_details.invocation_metadata)
             if principal is None:
-                return _refusal(handler, NotAuthenticated(
-                    "no valid credentials: send the job's token as 'authorization: Bearer "
-                    "<token>' (the run directory's token file names where it is)"))
-            if not principal.may_call(handler_call_details.method):
+                return self._strangers[handler.response_streaming]
+            if not principal.may_call(method):
                 return _refusal(handler, AccessDenied(
-                    f"the {principal.name} credential may not call "
-                    f"{handler_call_details.method}"))
-        if handler_call_details.method.startswith(METHOD) and _of_the_job(principal):
-            return _guarded(handler, self.slots, principal)
-        return _bounded(handler, self.slots, principal, self._bodies)
+                    f"the {principal.name} credential may not call {method}"), self.refusals)
+        if method.startswith(METHOD) and _of_the_job(principal):
+            kind = PUSH if method in _PUSHES else CALL
+            return _guarded(handler, self.slots, principal, kind, self.refusals)
+        return _bounded(handler, self.slots, principal, self._bodies, self.refusals)
 
 
 def _of_the_job(principal: Principal | None) -> bool:
@@ -141,47 +200,77 @@ def _of_the_job(principal: Principal | None) -> bool:
     return principal is None or principal.role in ("worker", "driver")
 
 
-def _refusal(handler, err: AccessDenied):
+def _stranger_refusal(response_streaming: bool, refusals: Refusals):
+    """The handler that answers every call without valid credentials: it
+    takes a request stream (gRPC runs it at once, with no request come),
+    reads nothing, sets UNAUTHENTICATED and returns, which ends the call
+    with that status (no reply message: there is no serializer) without an
+    exception raised and caught."""
+    err = NotAuthenticated(_NO_TOKEN)
+
+    def refuse(requests, context):
+        refusals.count(err)
+        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_details(_NO_TOKEN)
+
+    def refuse_stream(requests, context):
+        refuse(requests, context)
+        return iter(())
+
+    if response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse_stream)
+    return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+def _refusal(handler, err: AccessDenied, refusals: Refusals):
     """A handler of `handler`'s reply shape that takes a request stream (so
     gRPC runs it at once, with no request come), reads nothing and ends the
     call with `err`."""
 
     def refuse(requests, context):
+        refusals.count(err)
         abort(context, err)
 
     def refuse_stream(requests, context):
-        abort(context, err)
+        refuse(requests, context)
         yield  # a generator, as a streaming reply's behavior must be
 
     return _shaped(handler, refuse, refuse_stream, request_deserializer=None,
                    request_streaming=True)
 
 
-def _guarded(handler, slots: CallSlots, principal: Principal | None):
-    """`handler` with its behavior run inside a call slot of the job's, given
-    a Call for its context, its requests parsed safely and its TowerpsErrors
-    answered with their status codes."""
+def _guarded(handler, slots: CallSlots, principal: Principal | None, kind: str,
+             refusals: Refusals):
+    """`handler` with its behavior run inside a call slot of the job's (of
+    its peer's `kind`), given a Call for its context, its requests parsed
+    safely and its TowerpsErrors answered (and refusals counted) with their
+    status codes."""
     behavior = _behavior(handler)
     requests = _checked_stream if handler.request_streaming else _checked_request
 
     def run(request, context):
         try:
-            with slots.admit(_peer(principal, context)):
-                return behavior(requests(request), Call(context, principal))
+            peer = _peer(principal, context)
+            with slots.admit(peer, kind):
+                return behavior(requests(request), Call(context, principal, slots, peer))
         except ANSWERED as err:
+            refusals.count(err)
             abort(context, err)
 
     def run_stream(request, context):
         try:
-            with slots.admit(_peer(principal, context)):
-                yield from behavior(requests(request), Call(context, principal))
+            peer = _peer(principal, context)
+            with slots.admit(peer, kind):
+                yield from behavior(requests(request), Call(context, principal, slots, peer))
         except ANSWERED as err:
+            refusals.count(err)
             abort(context, err)
 
     return _shaped(handler, run, run_stream, _safe(handler.request_deserializer))
 
 
-def _bounded(handler, slots: CallSlots, principal: Principal | None, bodies: IdleWatch):
+def _bounded(handler, slots: CallSlots, principal: Principal | None, bodies: IdleWatch,
+             refusals: Refusals):
     """`handler` for a call outside the job's: served as a request stream
     (gRPC runs it at once), it takes one of the others' slots before it
     reads anything, and each request it waits for longer than `bodies`
@@ -200,16 +289,18 @@ def _bounded(handler, slots: CallSlots, principal: Principal | None, bodies: Idl
 
     def run(stream, context):
         try:
-            with slots.admit(_peer(principal, context), reserved=False):
+            with slots.admit(_peer(principal, context), OTHER):
                 return behavior(requests_of(stream, context), Call(context, principal))
         except ANSWERED as err:
+            refusals.count(err)
             abort(context, err)
 
     def run_stream(stream, context):
         try:
-            with slots.admit(_peer(principal, context), reserved=False):
+            with slots.admit(_peer(principal, context), OTHER):
                 yield from behavior(requests_of(stream, context), Call(context, principal))
         except ANSWERED as err:
+            refusals.count(err)
             abort(context, err)
 
     return _shaped(handler, run, run_stream, _safe(handler.request_deserializer),

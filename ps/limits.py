@@ -3,9 +3,11 @@
     limits = ShardLimits()                 # the defaults a job's shards use
     wait_s = checked_wait(request.timeout_s, limits.max_wait_s)   # BadRequest on NaN/negative
     slots = CallSlots(limits)
-    with slots.admit(peer="worker 3"):     # Overloaded beyond the caps
+    with slots.admit("worker 3", PUSH):    # Overloaded beyond the caps
         ...
-    with slots.admit(peer="ipv4:127.0.0.1", reserved=False):   # health, reflection, tools
+    with slots.admit("worker 3", CALL), slots.waiting("worker 3"):   # a pull that waits
+        ...
+    with slots.admit("ipv4:127.0.0.1", OTHER):   # health, reflection, tools
         ...
     watch = IdleWatch(limits.idle_stream_s)
     stream = watch.track(cancel=context.cancel)
@@ -15,14 +17,25 @@ Every wait a caller can ask for is clamped to `max_wait_s`. The job's own
 calls (its workers' and its driver's, to ParameterServer) hold one of
 `max_calls` slots on their shard, reserved for them; every other call
 (health, reflection, a tool's Status) one of `max_other_calls`, so that
-callers outside the job can never take the workers' slots or threads. Each
-call also holds one of `max_calls_per_peer` slots of its peer (an
-authenticated principal, or the caller's host), so no peer can take a
-class's slots; a request body that does not come within `body_s` ends
-its call (ps/guard.py), and a stream whose peer moves no bytes for
-`idle_stream_s` is cancelled by the watch, which frees its thread. Plain
-Python: the servicer passes gRPC's `context.cancel` in. The caps are stage
-2 of a call's checks, a pull's wait stage 5 (ps/pipeline.py has them all).
+callers outside the job can never take the workers' slots or threads.
+
+Each call also holds one of `max_calls_per_peer` slots of its peer (an
+authenticated principal, or the caller's host) and its kind: PUSH, a call
+that carries a push (Push, PushPull and their Shared* forms: a worker's
+step); CALL, the job's other calls (Pull, SharedPull, Status); OTHER, a
+call outside the job's. A peer's kinds are capped apart, so a flood under
+a worker's own credential of pulls or Status calls cannot take the slots
+its step needs. A pull that waits for a version not there yet holds one of
+its peer's `max_waits_per_peer` as well, so waiting pulls leave the rest of
+the CALL slots to pulls that answer at once. (The peer cannot be the
+connection: on a Unix socket, where a local job's shards listen, gRPC
+names every connection's peer "unix:".)
+
+A request body that does not come within `body_s` ends its call
+(ps/guard.py), and a stream whose peer moves no bytes for `idle_stream_s`
+is cancelled by the watch, which frees its thread. Plain Python: the
+servicer passes gRPC's `context.cancel` in. The caps are stage 2 of a
+call's checks, a pull's wait stage 5 (ps/pipeline.py has them all).
 """
 
 from __future__ import annotations
@@ -42,21 +55,24 @@ from towerps.errors import BadRequest, ConfigError, Overloaded
 class ShardLimits:
     max_wait_s: float = 3600.0  # longest pull or ssp-gate wait a caller may ask for
     max_calls: int = 64  # the job's calls in flight on one shard (workers', the driver's)
-    max_calls_per_peer: int = 8  # ... from one peer (a worker holds a push and a pull)
+    max_calls_per_peer: int = 8  # ... from one peer, of one kind (PUSH, CALL, OTHER)
     idle_stream_s: float = 60.0  # a stream whose peer sends or reads nothing this long ends
     max_other_calls: int = 8  # every other call in flight: health, reflection, tools
     body_s: float = 10.0  # such a call whose request does not come this long ends
+    max_waits_per_peer: int = 4  # pulls of one peer waiting for a version not there yet
 
     def __post_init__(self):
         for name in ("max_wait_s", "idle_stream_s", "body_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"ShardLimits.{name} must be a positive number, got {value}")
-        if min(self.max_calls, self.max_calls_per_peer, self.max_other_calls) < 1:
+        if min(self.max_calls, self.max_calls_per_peer, self.max_other_calls,
+               self.max_waits_per_peer) < 1:
             raise ConfigError(
                 f"ShardLimits caps must be at least 1, got max_calls={self.max_calls}, "
                 f"max_calls_per_peer={self.max_calls_per_peer}, "
-                f"max_other_calls={self.max_other_calls}"
+                f"max_other_calls={self.max_other_calls}, "
+                f"max_waits_per_peer={self.max_waits_per_peer}"
             )
 
     @property
@@ -81,22 +97,29 @@ def checked_wait(timeout_s: float, max_wait_s: float) -> float:
     return min(timeout_s, max_wait_s)
 
 
+PUSH, CALL, OTHER = "push", "call", "other"  # a call's kind, for its peer's caps
+_KINDS = {PUSH: "calls that push", CALL: "calls", OTHER: "calls outside the job's"}
+
+
 class CallSlots:
     """Counts calls in flight, per class (the job's reserved slots, and the
-    others') and per peer. Thread-safe."""
+    others'), per peer and kind, and the pulls of each peer that wait.
+    Thread-safe."""
 
     def __init__(self, limits: ShardLimits):
         self._limits = limits
         self._lock = threading.Lock()
         self._total = 0  # the job's calls
         self._others = 0  # everyone else's
-        self._per_peer: Counter[str] = Counter()
+        self._per_peer: Counter[tuple[str, str]] = Counter()  # (peer, kind)
+        self._waits: Counter[str] = Counter()
 
     @contextmanager
-    def admit(self, peer: str, reserved: bool = True) -> Iterator[None]:
-        """Hold one slot for the body, of the job's reserved slots or (not
-        `reserved`) of the others'; Overloaded (nothing held) beyond a cap."""
-        limits = self._limits
+    def admit(self, peer: str, kind: str = CALL) -> Iterator[None]:
+        """Hold one slot for the body: of the job's reserved slots (PUSH,
+        CALL) or of the others' (OTHER), and of `peer`'s for `kind`;
+        Overloaded (nothing held) beyond a cap."""
+        limits, reserved, key = self._limits, kind != OTHER, (peer, kind)
         with self._lock:
             if reserved and self._total >= limits.max_calls:
                 raise Overloaded(
@@ -108,21 +131,42 @@ class CallSlots:
                     f"the shard has {self._others} calls in flight that are not its "
                     f"workers', its cap for those is {limits.max_other_calls}; retry later"
                 )
-            if self._per_peer[peer] >= limits.max_calls_per_peer:
+            if self._per_peer[key] >= limits.max_calls_per_peer:
                 raise Overloaded(
-                    f"{peer} has {self._per_peer[peer]} calls in flight on this shard, "
-                    f"the cap per peer is {limits.max_calls_per_peer}; finish or cancel some"
+                    f"{peer} has {self._per_peer[key]} {_KINDS[kind]} in flight on this "
+                    f"shard, the cap per peer is {limits.max_calls_per_peer}; finish or "
+                    "cancel some"
                 )
             self._count(reserved, 1)
-            self._per_peer[peer] += 1
+            self._per_peer[key] += 1
         try:
             yield
         finally:
             with self._lock:
                 self._count(reserved, -1)
-                self._per_peer[peer] -= 1
-                if not self._per_peer[peer]:
-                    del self._per_peer[peer]
+                self._per_peer[key] -= 1
+                if not self._per_peer[key]:
+                    del self._per_peer[key]
+
+    @contextmanager
+    def waiting(self, peer: str) -> Iterator[None]:
+        """Hold one of `peer`'s waits (a pull whose version is not there
+        yet) for the body; Overloaded (nothing held) beyond the cap."""
+        limit = self._limits.max_waits_per_peer
+        with self._lock:
+            if self._waits[peer] >= limit:
+                raise Overloaded(
+                    f"{peer} has {self._waits[peer]} pulls waiting for a version on this "
+                    f"shard, the cap per peer is {limit}; finish or cancel some"
+                )
+            self._waits[peer] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waits[peer] -= 1
+                if not self._waits[peer]:
+                    del self._waits[peer]
 
     def _count(self, reserved: bool, change: int) -> None:
         if reserved:

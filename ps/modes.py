@@ -136,6 +136,15 @@ class Mode:
         """How many clocks a worker may run ahead of the slowest; None: unbounded."""
         return self.staleness if self.name == "ssp" else None
 
+    @property
+    def pull_lead(self) -> int:
+        """How far ahead of a shard's version a pull may ask (ps/pipeline.py,
+        stage 5): a worker asks for the version after the one it trained
+        on, which its own push (async, ssp) or its step (sync) makes, so 1;
+        ssp, its staleness bound (at least 1). A further pull would only
+        hold a slot and a thread for longer than training goes on."""
+        return max(1, self.staleness or 0) if self.name == "ssp" else 1
+
     def quorum(self, num_workers: int) -> int:
         """Pushes that complete a sync step: all workers but the backups."""
         if self.backup_workers >= num_workers:

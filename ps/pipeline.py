@@ -41,7 +41,11 @@ and within the contribution rule (a value too large to sum safely).
                                              negative (a longer one is clamped to
                                              max_wait_s), a wire dtype not a float's, a
                                              segment name not a pull segment of this run and
-                                             shard; PERMISSION_DENIED: another rank's segment
+                                             shard; PERMISSION_DENIED: another rank's segment;
+                                             FAILED_PRECONDITION: a version further ahead
+                                             of the shard's than Mode.pull_lead (1; ssp: its
+                                             staleness bound); RESOURCE_EXHAUSTED: a Pull
+                                             that would wait, beyond its peer's waits
  6 tensors      the carrier: ps/chunks.py    INVALID_ARGUMENT: a tensor not held here, of
                 (wire.TensorAssembler),      another dtype or shape (a row-sparse one's rows:
                 ps/same_node.py (shm),       [num_ids, *row shape], its ids: int64
@@ -71,6 +75,11 @@ and within the contribution rule (a value too large to sum safely).
 A pull then waits for its version (DEADLINE_EXCEEDED at its timeout_s or
 the caller's deadline, whichever is first; UNAVAILABLE once the shard
 closes), and its carrier sends it. A Pull runs stages 1-3 and 5 only.
+Bounding how far ahead a pull may ask bounds how long it can wait: until
+the next version (ssp: a few), which training makes anyway. So a pull
+holds its slot and thread no longer than a step, and a PushPull, which
+holds a slot of its peer's pushes, cannot hold it past the step its own
+push is part of.
 
 A PushPull's pull (5) is checked before its tensors (6), a deliberate
 change: towerps once read the tensors first. Refusing a bad pull needs
@@ -83,12 +92,13 @@ was INVALID_ARGUMENT); a call bad in one stage answers as before.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from towerps.codec import read_header
-from towerps.errors import BadRequest, BadTensor
+from towerps.errors import BadRequest, BadTensor, StepMismatch
 from towerps.proto import towerps_pb2 as pb
 from towerps.ps.guard import Call
 from towerps.ps.limits import IdleWatch, ShardLimits, checked_wait
@@ -154,6 +164,14 @@ class Pipeline:
                              "PullRequest.segment, or call Pull")
         return self._pull_plan(request, request.min_version, call)
 
+    def waiting(self, plan: PullPlan, call: Call) -> AbstractContextManager:
+        """What a Pull holds while it is answered: one of its peer's waits
+        if its version is not there yet (Overloaded beyond their cap),
+        nothing if it is."""
+        if plan.min_version <= self._shard.version:
+            return nullcontext()
+        return call.waiting()
+
     def carrier(self, plan: PullPlan) -> ShardCarrier:
         """The carrier that answers `plan`: segments if it names one, else chunks."""
         return self._chunks if plan.segment is None else self._segments
@@ -191,7 +209,20 @@ class Pipeline:
         if request.segment:  # whose it is, before any wait: a name only, nothing opened
             segment = self._same_node().pull_segment(request.segment)
             call.check_may_push_as(segment.rank)
+        self._check_lead(min_version)
         return PullPlan(min_version, timeout_s, wire_dtype, segment)
+
+    def _check_lead(self, min_version: int) -> None:
+        """StepMismatch for a pull of a version further ahead of the
+        shard's than its mode's pull_lead (the run's end, if nearer, is
+        answered at once: it is no wait)."""
+        shard = self._shard
+        version, end, lead = shard.version, shard.end_version, shard.mode.pull_lead
+        if min_version > version + lead and (end is None or end > version + lead):
+            raise StepMismatch(
+                f"shard {shard.index} is at version {version}: a pull may ask for at most "
+                f"version {version + lead} (--mode {shard.mode.name}), not {min_version}; "
+                "pull the version after the one you trained on")
 
     def _same_node(self):
         if self._segments is None:

@@ -53,6 +53,7 @@ push or in its pull, is refused before the shard is touched, as in Push.
 
 from __future__ import annotations
 
+import weakref
 from concurrent import futures
 from dataclasses import asdict, fields
 
@@ -65,7 +66,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps.chunks import ShardChunks
 from towerps.ps.guard import Call, Guard
-from towerps.ps.limits import CallSlots, IdleWatch, ShardLimits
+from towerps.ps.limits import IdleWatch, ShardLimits
 from towerps.ps.pipeline import Pipeline
 from towerps.ps.same_node import ShardSegments
 from towerps.ps.shard import Shard
@@ -79,10 +80,10 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     """The service's methods, each called with a guard.Call for its context.
     `same_node`: the run's segment prefix (None: chunks only)."""
 
-    def __init__(self, shard: Shard, limits: ShardLimits, slots: CallSlots | None = None,
+    def __init__(self, shard: Shard, limits: ShardLimits, guard: Guard | None = None,
                  same_node: str | None = None):
         self._shard = shard
-        self._slots = slots
+        self._guard = guard
         self._idle = IdleWatch(limits.idle_stream_s)
         # Bytes of Push messages in and Pull messages out, and of tensors through segments.
         self.traffic = Traffic()
@@ -108,7 +109,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Pull(self, request, call: Call):
         plan = self._pipeline.pull(request, call)
-        yield from self._pipeline.carrier(plan).answer(plan, call)
+        with self._pipeline.waiting(plan, call):
+            yield from self._pipeline.carrier(plan).answer(plan, call)
 
     def SharedPush(self, request, call: Call):
         """Push, its tensors in the worker's segment: one message each way."""
@@ -125,7 +127,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def SharedPull(self, request, call: Call):
         """Pull into the caller's segment: the one reply message describes it."""
         plan = self._pipeline.pull(request, call, shared=True)
-        return next(self._pipeline.carrier(plan).answer(plan, call))
+        with self._pipeline.waiting(plan, call):
+            return next(self._pipeline.carrier(plan).answer(plan, call))
 
     def Status(self, request, call: Call):
         version, stats = self._shard.stats(request.since_version)
@@ -137,10 +140,11 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             num_parameters=self._shard.num_parameters,
             parameter_bytes=self._shard.parameter_bytes,
             steps=[pb.StepRecord(**asdict(record)) for record in stats.steps],
-            calls_in_flight=self._slots.in_flight if self._slots else 0,
+            calls_in_flight=self._guard.slots.in_flight if self._guard else 0,
             bytes_received=self.traffic.bytes_received,
             bytes_sent=self.traffic.bytes_sent,
             **counters,
+            **(self._guard.refusals.counts() if self._guard else {}),
         )
 
 
@@ -189,7 +193,7 @@ def create_server(
         interceptors=[guard],
         options=(*GRPC_OPTIONS, *SERVER_OPTIONS),
     )
-    servicer = ParameterServerServicer(shard, limits, guard.slots, same_node)
+    servicer = ParameterServerServicer(shard, limits, guard, same_node)
     server.add_generic_rpc_handlers((_handlers(servicer),))
     add_standard_services(server)
     if credentials is None or credentials.tls is None:
@@ -198,8 +202,19 @@ def create_server(
         port = server.add_secure_port(address, server_credentials(credentials.tls))
     if port == 0:
         raise ShardUnavailable(f"could not bind a gRPC server to {address}")
+    _GUARDS[server] = guard
     server.start()
     return server, port
+
+
+def guard_of(server: grpc.Server) -> Guard:
+    """The door of a server `create_server` made: its call slots (`.slots`,
+    `.slots.in_flight`) and refusal counts (`.refusals`), for tests and
+    benchmarks that watch them. KeyError for any other server."""
+    return _GUARDS[server]
+
+
+_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # server -> its Guard
 
 
 # HTTP/2 limits per connection: streams at once, and how long a connection

@@ -585,8 +585,10 @@ class Shard:
 
     def restore(self, state: ShardState) -> None:
         """Go back (or on) to `state`: variables, optimizer, version, the
-        exactly-once table and clocks. Drops the step being gathered and the
-        step records after its version; wakes every waiting pull and gate.
+        exactly-once table and clocks. Drops the step being gathered (and
+        its skip reports) and the step records after its version, and clears
+        a halt (`--nonfinite reject`): restoring a checkpoint is how an
+        operator recovers a halted shard. Wakes every waiting pull and gate.
         Raises CheckpointError, changing nothing, if `state` belongs to
         another shard, model or number of workers, or holds values a shard
         cannot go on from (ps/parts.py)."""
@@ -605,6 +607,8 @@ class Shard:
             self._version = state.version
             self._last_step, self._clocks = list(state.last_step), list(state.clocks)
             self._buffer.clear()
+            self._skipping.clear()
+            self._halted = None
             self._snapshot = None
             self._log.drop_after(state.version)
             self._lock.notify_all()

@@ -151,7 +151,13 @@ class PSClient:
         self._counter_lock = threading.Lock()
         self._closed = False
         self._same_node = same_node
-        self._segments = self._open_segments(same_node)
+        try:
+            self._segments = self._open_segments(same_node)
+        except BaseException:  # no client to close: close what it opened
+            for channel in self._channels:
+                channel.close()
+            self._pool.shutdown(wait=False)
+            raise
         self.bytes_sent = 0  # tensor payload bytes pushed (a retry is not counted again)
         self.bytes_received = 0  # tensor payload bytes pulled
 

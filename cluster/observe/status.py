@@ -76,14 +76,26 @@ class ShardState:
     apply_s: float = 0.0
     pulls_waiting: int = 0
     at_s: float = 0.0
+    # Calls the shard refused since it started, by reason: an attack shows here.
+    refused_unauthenticated: int = 0
+    refused_permission_denied: int = 0
+    refused_overloaded: int = 0
+    refused_bad_tensor: int = 0
 
     def read(self, reply) -> None:
         """Take the figures of `reply` (a StatusReply); the shard is up."""
         self.up = True
         for name in ("version", "pushes_applied", "pushes_dropped", "pushes_rejected",
                      "parameter_bytes", "pushes_per_s", "bytes_received", "bytes_sent",
-                     "updates_applied", "apply_s", "pulls_waiting"):
+                     "updates_applied", "apply_s", "pulls_waiting", *REFUSALS):
             setattr(self, name, getattr(reply, name))
+
+
+# StatusReply's refusal counts, and how the table names them.
+REFUSALS = {"refused_unauthenticated": "without valid credentials",
+            "refused_permission_denied": "not the caller's to make",
+            "refused_overloaded": "over the call caps",
+            "refused_bad_tensor": "malformed"}
 
 
 class ShardReader:
@@ -134,6 +146,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     ended = f"  (ended: worker {', '.join(map(str, died))} died)" if died else "  (finished)"
     lines = [f"run {printable(run_dir)}" + (ended if finished else "")]
     lines += _shard_rows(shards, {s.index: s for s in before or []})
+    lines += _refusal_rows(shards)
     healthy = all(s.up for s in shards) or finished
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"
                  f"{'pull ms':>9}{'compute ms':>11}{'push ms':>9}{'MB moved':>10}")
@@ -181,6 +194,18 @@ def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list
                     f"{s.pushes_applied:>9}{s.pushes_dropped:>8}{s.pushes_rejected:>8}"
                     f"{s.parameter_bytes / 1e6:>7.1f}{received:>9}{sent:>9}{apply:>9}"
                     f"{s.pulls_waiting:>14}")
+    return rows
+
+
+def _refusal_rows(shards: list[ShardState]) -> list[str]:
+    """A line per shard that refused calls (an attack, or a misconfigured
+    client): how many since it started, by reason. None when none did."""
+    rows = []
+    for s in shards:
+        counts = [(getattr(s, name), what) for name, what in REFUSALS.items()]
+        if s.up and any(n for n, _ in counts):
+            rows.append(f"shard {s.index} refused calls: "
+                        + ", ".join(f"{n} {what}" for n, what in counts if n))
     return rows
 
 

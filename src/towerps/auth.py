@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 from dataclasses import KW_ONLY, dataclass
 
 from towerps.errors import ConfigError
-from towerps.private import check_private_file, write_private_file
+from towerps.private import read_private_file, write_private_file
 from towerps.tls import TlsMaterial
 
 METADATA_KEY = "authorization"
@@ -205,17 +204,13 @@ def read_observer_token(path: str) -> str:
 
 
 def _read_private(path: str) -> str:
-    """The text of `path`, a file of this user's that only its owner may read."""
+    """The text of `path`, a file of this user's that only its owner may
+    read or write, checked on the file it reads (towerps.private)."""
     try:
-        check_private_file(path)
-        mode = os.stat(path).st_mode
-        with open(path) as f:
-            text = f.read()
+        data = read_private_file(path, secret=True)  # UnsafePath names the path and the fix
     except OSError as err:
         raise ConfigError(f"--token-file {path}: {err.strerror}; give a readable file") from None
-    if mode & 0o077:
-        raise ConfigError(
-            f"--token-file {path} is readable by others (mode {mode & 0o777:o}); "
-            f"run `chmod 600 {path}`"
-        )
-    return text
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"--token-file {path} is not text; give the job's token file") from None

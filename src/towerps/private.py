@@ -10,6 +10,7 @@ another user made or could have changed.
     save_private(path, model.save)            # a file another library writes (model.keras)
     check_private_file(path)                  # before trusting what is in it
     data = read_private_file(path)            # the same check and the read, on one open file
+    data = read_private_file(path, secret=True)  # ... and no one else may read it
 
 Every refusal is an `UnsafePath` (a `ConfigError`) that names the path, what
 is wrong with it and the fix. Symlinks are refused, not followed: a link
@@ -110,10 +111,12 @@ def save_private(path: str | os.PathLike, save: Callable[[str], object]) -> None
             os.rmdir(folder)
 
 
-def read_private_file(path: str | os.PathLike) -> bytes:
+def read_private_file(path: str | os.PathLike, secret: bool = False) -> bytes:
     """The bytes of `path`, a regular file of this user's that no one else
     may write (check_private_file's rules, checked on the open file, so it
-    cannot be swapped between the check and the read). Raises UnsafePath."""
+    cannot be swapped between the check and the read); `secret` (a token
+    file): that no one else may read either. Raises UnsafePath, or OSError
+    when it cannot be opened (its strerror says why)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -124,7 +127,11 @@ def read_private_file(path: str | os.PathLike) -> bytes:
             raise UnsafePath(_message(path, "is a symlink", "give the real file instead")) from None
         raise
     with os.fdopen(fd, "rb") as f:
-        _check_info(path, os.fstat(fd), stat.S_ISREG, "file")
+        info = os.fstat(fd)
+        _check_info(path, info, stat.S_ISREG, "file")
+        if secret and info.st_mode & 0o077:
+            raise UnsafePath(f"{path} is readable by others (mode {info.st_mode & 0o777:o}): it "
+                             f"holds a secret; run `chmod 600 {path}`")
         return f.read()
 
 

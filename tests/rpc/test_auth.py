@@ -103,6 +103,31 @@ def test_a_worker_may_push_as_its_own_rank_only(secured):
     channel.close()
 
 
+def test_status_counts_the_calls_refused_by_reason(secured):
+    """What `towerps status` shows of an attack: each refusal counted once,
+    under its reason, and read with the observer's token."""
+    _, address, secret = secured()
+    channel = grpc.insecure_channel(address)
+    stub = pb_grpc.ParameterServerStub(channel)
+    worker_0 = bearer(worker_token(secret, 0))
+    refused = []
+    for call in (
+            lambda: stub.Status(pb.StatusRequest(), timeout=10),  # no token
+            lambda: list(stub.Pull(pb.PullRequest(), timeout=10, metadata=bearer(secret))),
+            lambda: raw_push(channel, 1, worker_0),  # as another rank
+            lambda: list(stub.Pull(pb.PullRequest(timeout_s=-1.0), timeout=10,
+                                   metadata=worker_0))):  # a negative timeout: malformed
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        refused.append(err.value.code())
+    assert refused == [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED,
+                       grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT]
+    reply = stub.Status(pb.StatusRequest(), timeout=10, metadata=bearer(observer_token(secret)))
+    assert (reply.refused_unauthenticated, reply.refused_permission_denied,
+            reply.refused_overloaded, reply.refused_bad_tensor) == (2, 1, 0, 1)
+    channel.close()
+
+
 def test_an_observer_reads_status_and_nothing_else(secured):
     shard, address, secret = secured()
     channel = grpc.insecure_channel(address)

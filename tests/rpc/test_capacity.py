@@ -19,6 +19,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps import Shard, create_server, make_optimizer, plan_placement
 from towerps.ps.limits import ShardLimits
+from towerps.ps.servicer import guard_of
 from towerps.ps.shard import PushOutcome
 from towerps.workers.client import PSClient
 
@@ -48,8 +49,8 @@ def one_shard(started, limits, credentials=None, num_workers=1):
 
 
 def slots_of(server):
-    """The CallSlots of the server's Guard (the one interceptor)."""
-    return server._state.interceptor_pipeline.interceptors[0].slots
+    """The CallSlots of the server's Guard, as create_server exposes it."""
+    return guard_of(server).slots
 
 
 class _Refused(logging.Handler):
@@ -84,7 +85,7 @@ def test_a_worker_waits_out_a_shard_at_its_caps(started, refusals):
     started[1].append(channel.close)
     # Another call holds the shard's one slot: a pull of a version that never comes.
     holder = pb_grpc.ParameterServerStub(channel).Pull(
-        pb.PullRequest(min_version=5, timeout_s=3600.0), timeout=60)
+        pb.PullRequest(min_version=1, timeout_s=3600.0), timeout=60)
     wait_until(lambda: slots_of(server).in_flight == 1, 30, "the holder's call in flight")
 
     client = PSClient([address], plan, max_attempts=1, backoff_s=0.01)
@@ -106,7 +107,7 @@ def test_a_worker_gives_up_on_a_shard_at_its_caps_past_its_deadline(started):
     channel = grpc.insecure_channel(address)
     started[1].append(channel.close)
     holder = pb_grpc.ParameterServerStub(channel).Pull(
-        pb.PullRequest(min_version=5, timeout_s=3600.0), timeout=60)
+        pb.PullRequest(min_version=1, timeout_s=3600.0), timeout=60)
     started[1].append(holder.cancel)
     wait_until(lambda: slots_of(server).in_flight == 1, 30, "the holder's call in flight")
     client = PSClient([address], plan, rpc_timeout_s=1.0, max_attempts=1, backoff_s=0.01)

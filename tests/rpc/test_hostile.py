@@ -14,6 +14,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
 from towerps.ps import Mode, Shard, create_server, make_optimizer
 from towerps.ps.limits import ShardLimits
+from towerps.ps.servicer import guard_of
 
 pytestmark = pytest.mark.rpc
 
@@ -103,10 +104,10 @@ def test_cancelled_pulls_free_their_threads_and_slots(shard_server):
     stub = pb_grpc.ParameterServerStub(channel)
     guard_slots = _slots_of(server)
     # No client deadline and an hour of timeout: only the cancel can end them.
-    calls = [stub.Pull(pb.PullRequest(min_version=5, timeout_s=3600.0)) for _ in range(4)]
+    calls = [stub.Pull(pb.PullRequest(min_version=1, timeout_s=3600.0)) for _ in range(4)]
     wait_until(lambda: guard_slots.in_flight == 4, 30, "four calls in flight")
     with pytest.raises(grpc.RpcError) as err:  # the cap: refused, not queued
-        list(stub.Pull(pb.PullRequest(min_version=5, timeout_s=1.0), timeout=10))
+        list(stub.Pull(pb.PullRequest(min_version=1, timeout_s=1.0), timeout=10))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "cap" in err.value.details()
     for call in calls:
@@ -116,8 +117,8 @@ def test_cancelled_pulls_free_their_threads_and_slots(shard_server):
 
 
 def _slots_of(server):
-    """The CallSlots of the server's Guard (the one interceptor)."""
-    return server._state.interceptor_pipeline.interceptors[0].slots
+    """The CallSlots of the server's Guard, as create_server exposes it."""
+    return guard_of(server).slots
 
 
 # -- pushes -------------------------------------------------------------------

@@ -444,8 +444,8 @@ def test_a_killed_workers_segments_go_with_its_replacement_or_the_run():
 
 def test_a_client_that_fails_to_open_its_carriers_leaves_no_segment_behind(monkeypatch):
     """A carrier that cannot be built, after its segments were created (the
-    second shard's here, the first's carrier built): the client raises and
-    removes every file it created."""
+    second shard's here, the first's carrier built): the client raises,
+    removes every file it created and closes its channels."""
     from towerps.workers import client as client_module
 
     built = []
@@ -457,6 +457,10 @@ def test_a_client_that_fails_to_open_its_carriers_leaves_no_segment_behind(monke
             built.append(super().__init__(*args))
 
     monkeypatch.setattr(client_module, "SegmentCarrier", FailsSecond)
+    channels = []
+    real_channel = grpc.insecure_channel
+    monkeypatch.setattr(grpc, "insecure_channel",
+                        lambda *a, **k: channels.append(real_channel(*a, **k)) or channels[-1])
     prefix = new_run_prefix()
     try:
         with pytest.raises(RuntimeError, match="second carrier"):
@@ -464,5 +468,9 @@ def test_a_client_that_fails_to_open_its_carriers_leaves_no_segment_behind(monke
                      same_node=SameNode(prefix, 0, (0, 1)))
         assert len(built) == 1  # the first carrier was built, its files created with it
         assert run_files(prefix) == []
+        assert len(channels) == 2  # and its channels closed: a call on one is refused
+        for channel in channels:
+            with pytest.raises(ValueError, match="closed channel"):
+                channel.unary_unary("/towerps.v1.ParameterServer/Status")(b"", timeout=1)
     finally:
         sweep(prefix)

@@ -125,6 +125,22 @@ def test_the_token_file_is_private_and_read_back(tmp_path):
         read_token_file(path)
 
 
+def test_a_token_file_is_read_from_the_file_it_was_checked_on(tmp_path, monkeypatch):
+    # A symlink is refused, never followed, even to a private file of ours.
+    secret, real = new_job_secret(), str(tmp_path / "real")
+    write_token_file(real, secret)
+    os.symlink(real, tmp_path / "token")
+    with pytest.raises(ConfigError, match="is a symlink"):
+        read_token_file(str(tmp_path / "token"))
+    # No check by path before the open: a file swapped in after a path check
+    # would go unseen, so the read must not look at the path again.
+    import towerps.private as private
+
+    monkeypatch.setattr(private, "check_private_file", None)
+    monkeypatch.setattr(os, "stat", None)
+    assert read_token_file(real) == secret
+
+
 def test_credentials_never_show_their_secrets():
     secret = new_job_secret()
     tls = make_job_tls()

@@ -244,3 +244,9 @@ def test_end_at_ends_a_run_early_and_wakes_waiting_pulls():
     assert shard.push(1, 0, g(1.0), 1).outcome == PushOutcome.DROPPED
     assert shard.end_at(5) == 0  # an end never moves later
     assert shard.end_version == 0
+
+
+def test_a_pull_may_ask_one_version_ahead_and_ssp_its_bound():
+    assert Mode("sync").pull_lead == Mode("async").pull_lead == 1
+    assert Mode("ssp", staleness=0).pull_lead == 1
+    assert Mode("ssp", staleness=3).pull_lead == 3

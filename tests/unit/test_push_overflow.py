@@ -175,3 +175,15 @@ def test_an_optimizer_refuses_an_update_that_would_overflow_before_it_changes_an
         assert was.keys() == now.keys()
         for key in was:
             np.testing.assert_array_equal(was[key], now[key])
+
+
+def test_restoring_a_checkpoint_clears_the_halt():
+    shard = make_shard("sgd", "reject", lr=OVERFLOWING_LR)
+    step(shard, 0, 1e-3)
+    saved = shard.export_state()
+    with pytest.raises(NotFinite):
+        step(shard, 1, 1e18)
+    shard.restore(saved)  # how an operator recovers a halted shard
+    assert step(shard, 1, 1e-3).outcome is PushOutcome.APPLIED
+    version, params = shard.pull(2, 1.0)
+    assert version == 2 and np.isfinite(params["w"]).all()

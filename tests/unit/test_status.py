@@ -66,6 +66,21 @@ def test_the_table_says_who_is_down(tmp_path):
     assert not healthy and table.count(" silent ") == 2 and "driver is not running" in table
 
 
+def test_the_table_shows_the_calls_a_shard_refused(tmp_path):
+    """An attack shows: the refusals each shard counted, by reason; a shard
+    that refused nothing adds no line."""
+    from towerps.proto import towerps_pb2 as pb
+
+    quiet, attacked = ShardState(0, "127.0.0.1:1", False), ShardState(1, "127.0.0.1:2", False)
+    quiet.read(pb.StatusReply(version=3))
+    attacked.read(pb.StatusReply(version=3, refused_unauthenticated=28791,
+                                 refused_overloaded=12, refused_bad_tensor=2))
+    table, _ = render("runs/x", [quiet, attacked], None, None, 1.0)
+    lines = [line for line in table.splitlines() if "refused calls" in line]
+    assert lines == ["shard 1 refused calls: 28791 without valid credentials, "
+                     "12 over the call caps, 2 malformed"]
+
+
 def test_a_finished_run_is_down_only_if_a_worker_died(tmp_path):
     figures = WorkersFile(str(tmp_path), PLACEMENT)
     figures.workers(10, [report(0, 10, 100.0), report(1, 10, 100.0)])
