@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from towerps import __version__
 from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
 from towerps.cluster.recovery.history import resume_line
 from towerps.cluster.api.config import TrainConfig
@@ -441,23 +440,14 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
               startup_phases_s: dict[str, float] | None = None) -> RunSummary:
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
-    reports, mode = watched.reports, config.mode
+    reports = watched.reports
     final = evals[-1] if evals else None
-    return RunSummary(
-        towerps_version=__version__,
-        mode=mode.name,
-        dataset=config.dataset,
-        model=config.model_name,
-        optimizer=config.optimizer,
-        lr=config.learning_rate,
-        seed=config.seed,
+    return RunSummary.of_job(
+        config,
+        job.run_dir,
         steps=version,
-        global_batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        num_ps=config.num_ps,
         num_parameters=int(sum(prepared.tower.variable_bytes().values()) // 4),
         shard_bytes=job.plan.shard_bytes(),
-        wire_dtype=config.wire_dtype,
         # per global batch: every worker's loop runs once per global batch
         wire_bytes_per_step=sum(r.bytes_sent + r.bytes_received for r in reports)
         / max(1, max(r.steps for r in reports)),
@@ -470,13 +460,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         pushes_applied=[c.pushes_applied for c in counters],
         pushes_duplicate=sum(c.pushes_duplicate for c in counters),
         pushes_rejected=sum(c.pushes_rejected for c in counters),
-        mode_label=mode.label,
-        staleness_bound=mode.staleness,
-        staleness_lr=mode.staleness_lr,
-        backup_workers=mode.backup_workers,
-        budget_s=config.budget_s,
         ended_early=watched.ended_early,
-        updates_per_step=mode.updates_per_step(config.num_workers),
         # Behind the final parameters: shard 0 may have applied one version more
         # than the lowest shard when a budget or signal ended the run.
         examples=watched.examples_at(version),
@@ -496,7 +480,6 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
                        versions_skipped=r.versions_skipped)
             for r in reports
         ],
-        run_dir=job.run_dir,
         # and what a test's seams changed, if any (a slow worker: workers/seams.py)
         config={**config.to_dict(), **installed().describe()},
         test_metrics=final.metrics if final else {},
