@@ -49,6 +49,7 @@ from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
 from towerps.cluster.recovery.history import resume_line
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.api.jobfile import JOB_FILE
+from towerps.cluster.api.run_dirs import claim
 from towerps.cluster.run.placements import PLACEMENT_FILE
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
@@ -82,7 +83,8 @@ RAY_DATA_CPUS = 2
 log = logging.getLogger("towerps")
 
 def train(config: TrainConfig, progress: bool | None = None,
-          user: UserJob | None = None, resume: bool = False) -> RunSummary:
+          user: UserJob | None = None, resume: bool = False,
+          overwrite: bool = False) -> RunSummary:
     """Run one training job to the end; returns its summary (also written to disk).
 
     Blocks until done. Raises TowerpsError subclasses with a message naming
@@ -90,13 +92,17 @@ def train(config: TrainConfig, progress: bool | None = None,
     progress bar only on a terminal. `user`: the user's model and data
     (towerps.fit); None: the built-in data set and model the config names.
     `resume`: go on from the latest complete checkpoint in the run directory
-    (`resume_config` reads its configuration).
+    (`resume_config` reads its configuration). Otherwise the run directory
+    is claimed first (cluster/api/run_dirs.py): ConfigError, before anything
+    starts, when it holds a run (`overwrite=True` deletes that run's files)
+    or files of something else.
     """
-    return train_model(config, progress, user, resume)[0]
+    return train_model(config, progress, user, resume, overwrite)[0]
 
 
 def train_model(config: TrainConfig, progress: bool | None = None,
-                user: UserJob | None = None, resume: bool = False) -> tuple[RunSummary, keras.Model]:
+                user: UserJob | None = None, resume: bool = False,
+                overwrite: bool = False) -> tuple[RunSummary, keras.Model]:
     """`train`, also returning the driver's model, which holds the final weights.
 
     SIGINT/SIGTERM (on the main thread; cluster/recovery/interrupts.py): during
@@ -107,14 +113,16 @@ def train_model(config: TrainConfig, progress: bool | None = None,
     """
     stop = StopRequest()
     with stop.handling():
-        return _train(config, progress, user, resume, stop)
+        return _train(config, progress, user, resume, overwrite, stop)
 
 
 def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, resume: bool,
-           stop: StopRequest) -> tuple[RunSummary, keras.Model]:
+           overwrite: bool, stop: StopRequest) -> tuple[RunSummary, keras.Model]:
     clock = StartupClock.since_process()  # summary.json's startup_phases_s
     clock.mark("train")
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
+    if not resume:  # never into another run's directory (cluster/api/run_dirs.py)
+        claim(run_dir, overwrite, python=True)
     resume_version = latest_checkpoint(config, run_dir) if resume else None
     if resume_version is not None:
         log.info(resume_line(resume_version, run_dir, steps_to_go(config, resume_version)))
