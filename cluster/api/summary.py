@@ -211,7 +211,7 @@ class RunSummary(Mapping):
     startup_phases_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of_job(cls, config, run_dir: str, **figures) -> RunSummary:
+    def of_job(cls, config, run_dir: str, /, **figures) -> RunSummary:
         """The summary of a run of `config` (a TrainConfig) in `run_dir`: the
         fields the configuration fixes, then `figures` (any other field, or
         one of those to override); every figure not given is empty. The

@@ -105,7 +105,9 @@ def test_a_summary_of_a_job_takes_the_configuration_s_fields_and_the_figures_giv
     assert lost.config == config.to_dict() and lost.run_dir == str(tmp_path)
     assert lost.test_accuracy is None and lost.evals == [] and lost.staleness.max == 0
     assert RunSummary.load(lost.write()) == lost
-    # The figures not given are fresh for every summary: none shares another's list.
-    other = RunSummary.of_job(config, str(tmp_path))
+    # Any field may be given (the driver adds a test's seams to "config"); the
+    # figures not given are fresh for every summary: none shares another's list.
+    other = RunSummary.of_job(config, str(tmp_path), config={"seams": 1})
+    assert other.config == {"seams": 1} and other.num_workers == 2
     other.pushes_applied.append(1)
     assert lost.pushes_applied == []
