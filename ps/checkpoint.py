@@ -350,10 +350,19 @@ class PartWriter:
         with self._lock:
             return list(self._records)
 
-    def close(self, timeout_s: float = 60.0) -> None:
-        """Write what is queued, then stop the thread (blocks up to `timeout_s`)."""
-        self._queue.put(None)
-        self._thread.join(timeout_s)
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Write what is queued, then stop the thread; blocks at most `timeout_s`
+        (the shard's stop bounds it: cluster/run/actors.py). True when every
+        part handed over was written (or failed) in time; False when one was
+        still being written: the thread is left to it, and if the process
+        ends first that checkpoint stays incomplete (never used)."""
+        deadline = time.monotonic() + timeout_s
+        try:  # a part may wait in the queue behind the one being written
+            self._queue.put(None, timeout=max(timeout_s, 0.0))
+        except queue.Full:
+            return False
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

@@ -35,11 +35,11 @@ from towerps.cluster.api.run_dirs import claim, repeat_dir
 from towerps.cluster.recovery.interrupts import Interrupted, exit_status
 from towerps.cluster.observe.logs import import_tensorflow, log_to_stderr
 from towerps.errors import (ActorDied, ActorFailed, NotFinite, Overloaded, PullTimeout,
-                            ShardUnavailable, StepMismatch, TowerpsError)
+                            RecoveryFailed, ShardUnavailable, StepMismatch, TowerpsError)
 
 # Errors of a run that started well and then failed: exit status 1, not bad input's 2.
 RUNTIME_FAILURES = (ActorDied, ActorFailed, PullTimeout, ShardUnavailable, Overloaded,
-                    StepMismatch, NotFinite)
+                    StepMismatch, NotFinite, RecoveryFailed)
 UNBOUNDED_STEPS = 10**9  # --budget-s without --steps: the budget alone ends the run
 OWN_MODEL_IGNORES = ("dataset", "data_dir", "download", "model", "optimizer", "lr")
 BUILTIN_DATA = ("dataset", "data_dir", "download")  # --model with a built-in --dataset keeps these
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def error_status(err: TowerpsError) -> int:
     """1 for a run that failed while it ran (an actor died or raised, a shard
-    stopped answering), 2 for bad input (a flag, a file, a model or data set
+    stopped answering, a death with no checkpoint to recover from), 2 for bad input (a flag, a file, a model or data set
     that cannot be used, a cluster that cannot place the job)."""
     return 1 if isinstance(err, RUNTIME_FAILURES) else 2
 

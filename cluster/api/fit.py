@@ -52,7 +52,7 @@ class FitResult:
 
 def fit(build_model: Callable | str, train, validation=None, *, num_workers: int = 2,
         num_ps: int = 2, batch_size: int = 128, steps: int = 1000, address: str | None = None,
-        loss=None, columns=("x", "y"), progress: bool | None = None,
+        loss=None, columns=("x", "y"), progress: bool | None = None, overwrite: bool = False,
         **options) -> FitResult:
     """Train the model `build_model()` makes on `train`; blocks until done.
 
@@ -62,7 +62,10 @@ def fit(build_model: Callable | str, train, validation=None, *, num_workers: int
     `address`: a Ray cluster ("auto", "host:port"), None: a local one.
     `options`: any other TrainConfig field (mode, seed, run_dir, ...).
     Raises a TowerpsError naming the problem before any actor starts when
-    the model, its optimizer or the data cannot be used.
+    the model, its optimizer or the data cannot be used, and a ConfigError
+    when `run_dir` already holds a run (`overwrite=True` deletes that run's
+    files and starts afresh) or files of something else
+    (cluster/api/run_dirs.py), before the model is built.
     """
     from towerps.cluster.observe.logs import quiet_tensorflow
 
@@ -72,16 +75,17 @@ def fit(build_model: Callable | str, train, validation=None, *, num_workers: int
     ship_by_value(build_model, *([train] if data.kind == "tf_data" else []))
     return fit_job(UserJob(build_model, data, loss), num_workers=num_workers, num_ps=num_ps,
                    batch_size=batch_size, steps=steps, address=address, progress=progress,
-                   **options)
+                   overwrite=overwrite, **options)
 
 
-def fit_job(user: UserJob, progress: bool | None = None, **fields) -> FitResult:
+def fit_job(user: UserJob, progress: bool | None = None, overwrite: bool = False,
+            **fields) -> FitResult:
     """Run `user`'s job with TrainConfig `fields`; the CLI's way in too."""
     from towerps.cluster.run.driver import train_model
 
     fields.setdefault("model_fn", describe(user.build_model))
     config = TrainConfig(**{"dataset": user.data.kind, **fields})  # or a built-in one's name
-    summary, model = train_model(config, progress, user)
+    summary, model = train_model(config, progress, user, overwrite=overwrite)
     return FitResult(summary, model, _history(summary))
 
 

@@ -54,9 +54,11 @@ COMMAND_FLAGS = (
     Flag("--overwrite", "start afresh in a --run-dir that already holds a run, deleting "
          "that run's results (without it such a directory is refused)", default=False,
          commands=("train",),
-         doc="start afresh in a `--run-dir` that already holds a run (its `config.json`, "
-         "`summary.json` or `checkpoints/`), deleting what that run wrote there; without it "
-         "such a directory is refused, naming `--resume` and `--overwrite`. `--config "
+         doc="start afresh in a `--run-dir` that already holds a run (its `summary.json`, "
+         "`metrics.jsonl`, `placement.json`, `cluster.json` or a complete checkpoint), "
+         "deleting what that run wrote there; without it such a directory is refused, naming "
+         "`--resume` and `--overwrite`. A directory of other files, with no run of towerps', "
+         "is refused either way. `--config "
          "runs/x/job.yaml` repeats run x in a new directory beside it (`runs/x-2`, "
          "`runs/x-3`, ...) unless `--run-dir` (or `--overwrite`) is given"),
     Flag("--modes", "comma-separated: sync, backup:B, async, ssp:S; +lr for staleness-aware "

@@ -210,6 +210,30 @@ class RunSummary(Mapping):
     # worker_imports, worker_build, first_step); they add up to that time.
     startup_phases_s: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def of_job(cls, config, run_dir: str, /, **figures) -> RunSummary:
+        """The summary of a run of `config` (a TrainConfig) in `run_dir`: the
+        fields the configuration fixes, then `figures` (any other field, or
+        one of those to override); every figure not given is empty. The
+        driver gives them all (cluster/run/driver.py's `summarize`), a run
+        Ray was lost under only what outlived it (cluster/recovery/ray_lost.py)."""
+        from towerps import __version__
+
+        mode = config.mode
+        return cls(**{
+            "towerps_version": __version__, "mode": mode.name, "dataset": config.dataset,
+            "model": config.model_name, "optimizer": config.optimizer,
+            "lr": config.learning_rate, "seed": config.seed,
+            "global_batch_size": config.batch_size, "num_workers": config.num_workers,
+            "num_ps": config.num_ps, "wire_dtype": config.wire_dtype,
+            "mode_label": mode.label, "staleness_bound": mode.staleness,
+            "staleness_lr": mode.staleness_lr, "backup_workers": mode.backup_workers,
+            "budget_s": config.budget_s,
+            "updates_per_step": mode.updates_per_step(config.num_workers),
+            "run_dir": run_dir, "config": config.to_dict(),
+            **_no_figures(), **figures,
+        })
+
     # -- summary.json -----------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,3 +282,16 @@ class RunSummary(Mapping):
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunSummary))
+
+
+def _no_figures() -> dict[str, Any]:
+    """RunSummary's figures with nothing measured (fresh lists and dicts)."""
+    return {
+        "steps": 0, "num_parameters": 0, "shard_bytes": [], "wire_bytes_per_step": 0.0,
+        "startup_s": 0.0, "wall_s": 0.0, "examples_per_s": 0.0, "final_train_loss": None,
+        "test_loss": None, "test_accuracy": None, "pushes_applied": [], "pushes_duplicate": 0,
+        "pushes_rejected": 0, "ended_early": False, "examples": 0,
+        "staleness": Staleness.of([]), "pushes_dropped": [], "pushes_after_end": [],
+        "gate_waits": [], "evals": [], "placement": [], "placement_group": {},
+        "train_started_at_s": 0.0, "towers": [], "worker_time_s": [],
+    }

@@ -85,7 +85,10 @@ def quiet_ray_data(datasets, verbose: bool) -> None:
     and no start-of-execution lines for `datasets` (each Dataset keeps the
     DataContext it was made with, so setting the current one is not enough)
     nor for Ray Data in this process, and its INFO lines only in its log
-    file (ray-data.log in the Ray session's logs folder)."""
+    file (ray-data.log in the Ray session's logs folder); the progress lines
+    of its SplitCoordinator actor, which Ray forwards here, are dropped too
+    (`CoordinatorLines`)."""
+    CoordinatorLines.install(quiet=not verbose)
     if verbose:
         return
     from ray.data import DataContext
@@ -98,6 +101,57 @@ def quiet_ray_data(datasets, verbose: bool) -> None:
             handler.setLevel(logging.WARNING)
             if _progress_note not in handler.filters:
                 handler.addFilter(_progress_note)
+
+
+class CoordinatorLines:
+    """Drops Ray Data's SplitCoordinator progress lines from the console.
+
+    `streaming_split` runs the split's executor in a SplitCoordinator actor
+    on the driver's node. Its process logs Ray Data's progress (that its
+    progress bars are off, each epoch's "Dataset ... execution finished in
+    N seconds") to its own console, at Ray Data's default levels, and Ray
+    forwards every actor's console to the driver's. Those lines are dropped
+    here as they arrive, unless --verbose; the coordinator's log files
+    (ray-data.log and the actor's worker-*.err in the Ray session's logs
+    folder) keep them, and its other lines (a warning that a split waits
+    for the others) still show. Ray offers no setting for another process's
+    console, so this wraps the driver's dispatcher of forwarded lines (a
+    Ray internal: with a Ray that has none, the lines show as before).
+    """
+
+    ACTOR = "SplitCoordinator"
+    NOISE = re.compile(r"Progress bars disabled|Dataset \S+ execution finished in"
+                       r"|Starting execution of Dataset|Execution plan of Dataset"
+                       r"|registers for logging while another dataset")
+    quiet = False  # the latest choice (install); one wrapper per process
+
+    @classmethod
+    def install(cls, quiet: bool) -> None:
+        """Drop the lines (`quiet`) or show them from now on."""
+        cls.quiet = quiet
+        try:
+            from ray._private.ray_logging import global_worker_stdstream_dispatcher
+        except ImportError:
+            return
+        emit = global_worker_stdstream_dispatcher.emit
+        if quiet and not getattr(emit, "drops_coordinator_lines", False):
+            def kept_only(data: dict) -> None:
+                kept = cls.kept(data)
+                if kept is not None:
+                    emit(kept)
+
+            kept_only.drops_coordinator_lines = True
+            global_worker_stdstream_dispatcher.emit = kept_only
+
+    @classmethod
+    def kept(cls, data: dict) -> dict | None:
+        """`data` (a batch of console lines Ray forwards from one worker
+        process: "actor_name", "lines", ...) without the coordinator's
+        progress lines while quiet; None when none is left."""
+        if not cls.quiet or data.get("actor_name") != cls.ACTOR:
+            return data
+        lines = [line for line in data.get("lines", []) if not cls.NOISE.search(line)]
+        return {**data, "lines": lines} if lines else None
 
 
 def _progress_note(record: logging.LogRecord) -> bool:

@@ -36,7 +36,6 @@ asking them would only say "down".
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -46,11 +45,11 @@ from dataclasses import dataclass
 import grpc
 
 from towerps.auth import Credentials, bearer
-from towerps.cluster.observe.observers import WORKERS_FILE, read_workers_file
+from towerps.cluster.observe.observers import WORKERS_FILE
 from towerps.cluster.run.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
-from towerps.private import check_private_dir, check_private_file
+from towerps.private import check_private_dir, read_private_json
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.tls import TLS_OPTIONS, channel_credentials
 
@@ -250,9 +249,7 @@ def status(run_dir: str, token_file: str | None = None, watch: bool = False,
 
 def read_workers(run_dir: str) -> dict | None:
     """workers.json, if there is one and it is this user's alone (UnsafePath if not)."""
-    if os.path.lexists(os.path.join(run_dir, WORKERS_FILE)):
-        check_private_file(os.path.join(run_dir, WORKERS_FILE))
-    return read_workers_file(run_dir)
+    return read_private_json(os.path.join(run_dir, WORKERS_FILE))
 
 
 def printable(value) -> str:
@@ -282,7 +279,7 @@ def ended_run(run_dir: str) -> tuple[str, int] | None:
     Ray started."""
     if os.path.lexists(run_dir):
         check_private_dir(run_dir)
-    summary = _read_json(os.path.join(run_dir, "summary.json"))
+    summary = read_private_json(os.path.join(run_dir, "summary.json"))
     if summary is None:
         return None
     cluster_file = os.path.join(run_dir, "cluster.json")
@@ -309,18 +306,6 @@ def ended_run(run_dir: str) -> tuple[str, int] | None:
             f"{r['died_at_version']}" for r in recoveries))
     lines.append(f"(its shards and workers are gone; the results are in {run_dir})")
     return "\n".join(map(printable, lines)), 0 if stopped in CLEAN_ENDS else 1
-
-
-def _read_json(path: str) -> dict | None:
-    """A file of the run directory as JSON (UnsafePath if another user's
-    or writable by others), or None when it is not there or half written."""
-    if os.path.lexists(path):
-        check_private_file(path)
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None  # none yet, or being written
 
 
 def _ctrl_c_sets() -> threading.Event:

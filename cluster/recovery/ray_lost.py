@@ -187,25 +187,9 @@ def _sweep_segments(run_dir: str) -> None:
 def _lost_summary(config, run_dir: str, started_s: float, step: int | None):
     """summary.json of a run Ray was lost under: its configuration, placement
     and last step; no figures of the shards or workers (they died with it)."""
-    from towerps import __version__
-    from towerps.cluster.api.summary import RunSummary, Staleness
+    from towerps.cluster.api.summary import RunSummary
     from towerps.cluster.run.placements import read_placement
 
-    mode = config.mode
-    return RunSummary(
-        towerps_version=__version__, mode=mode.name, dataset=config.dataset,
-        model=config.model_name, optimizer=config.optimizer, lr=config.learning_rate,
-        seed=config.seed, steps=step or 0, global_batch_size=config.batch_size,
-        num_workers=config.num_workers, num_ps=config.num_ps, num_parameters=0,
-        shard_bytes=[], wire_dtype=config.wire_dtype, wire_bytes_per_step=0.0,
-        startup_s=0.0, wall_s=time.time() - started_s, examples_per_s=0.0,
-        final_train_loss=None, test_loss=None, test_accuracy=None, pushes_applied=[],
-        pushes_duplicate=0, pushes_rejected=0, mode_label=mode.label,
-        staleness_bound=mode.staleness, staleness_lr=mode.staleness_lr,
-        backup_workers=mode.backup_workers, budget_s=config.budget_s, ended_early=True,
-        updates_per_step=mode.updates_per_step(config.num_workers), examples=0,
-        staleness=Staleness.of([]), pushes_dropped=[], pushes_after_end=[], gate_waits=[],
-        evals=[], placement=read_placement(run_dir), placement_group={},
-        train_started_at_s=started_s, towers=[], worker_time_s=[], run_dir=run_dir,
-        config=config.to_dict(), stopped="ray_lost",
-    )
+    return RunSummary.of_job(
+        config, run_dir, steps=step or 0, wall_s=time.time() - started_s, ended_early=True,
+        placement=read_placement(run_dir), train_started_at_s=started_s, stopped="ray_lost")

@@ -52,7 +52,7 @@ from towerps.cluster.recovery.history import load_history, save_history
 from towerps.cluster.recovery.node_loss import NodeLosses
 from towerps.cluster.recovery.policy import Action, Decision
 from towerps.cluster.run.remote import alive_node_ids
-from towerps.errors import ActorDied, CheckpointError, ClusterError
+from towerps.errors import ActorDied, CheckpointError, RecoveryFailed
 from towerps.workers.redirect import Redirect
 
 log = logging.getLogger("towerps")
@@ -126,9 +126,9 @@ class Supervisor:
     def recover(self, decision: Decision, seen: int) -> Recovered:
         """Carry out a recovering `decision` (policy.RECOVERING); `seen` is the
         newest version the watch loop counted. Blocks until every actor it
-        starts is set up and every worker is redirected. Raises ClusterError
-        when a rollback is needed and no checkpoint is complete, or a node
-        was lost that the run cannot go on without."""
+        starts is set up and every worker is redirected. Raises RecoveryFailed
+        when a rollback is needed and no checkpoint is complete, ClusterError
+        when a node was lost that the run cannot go on without."""
         runs = {}
         if decision.action is Action.REPLACE_WORKERS:
             runs = {rank: self._replace_worker(rank, seen) for rank in decision.ranks}
@@ -332,8 +332,18 @@ class Supervisor:
         return dead, newest
 
     def _latest_checkpoint(self, what: str) -> int:
+        """The latest complete checkpoint, to bring back `what` died from;
+        RecoveryFailed, naming what died and what to do, when there is none."""
         job = self.job
         try:
             return latest_checkpoint(job.config, job.run_dir)
-        except CheckpointError as err:
-            raise ClusterError(f"{what}: {err}") from None
+        except CheckpointError:
+            raise RecoveryFailed(no_checkpoint_line(what, job.config.checkpoint_every)) from None
+
+
+def no_checkpoint_line(what: str, checkpoint_every: int) -> str:
+    """Why a run stopped when `what` died before its first complete checkpoint."""
+    return (f"{what}, and no complete checkpoint exists yet to bring it back from (the first "
+            f"is taken at step {checkpoint_every}); the run is stopped. Start it again (a new "
+            "run directory, or --overwrite; overwrite=True from Python); a smaller "
+            "--checkpoint-every recovers from a death this early")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -21,6 +22,14 @@ from towerps.cluster.run.startup import STARTUP_KEY
 from towerps.ps.memory import SHARD_PROCESS_ENV
 
 LOOPBACK = "127.0.0.1"
+# Job.stop waits this long for every shard's `stop` before Ray kills them. A
+# shard's stop fits inside it (its server's grace, then the checkpoint parts
+# still queued, within what is left), so the kill never lands in the middle
+# of a part being written; a part that takes longer is given up, and its
+# checkpoint stays incomplete.
+STOP_TIMEOUT_S = 30.0
+SERVER_GRACE_S = 1.0  # in-flight calls may finish before the server stops
+STOP_MARGIN_S = 3.0  # the stop call's way to the actor and back, on a loaded machine
 
 
 def worker_resources(config) -> dict[str, float]:
@@ -234,13 +243,17 @@ class ShardActor:
         checkpoint sink's actor handle) deleted while Ray's SIGTERM handler
         unwinds the process prints `Exception ignored in: <function
         _Server.__del__>` and a SystemExit traceback to the user's terminal."""
+        deadline = time.monotonic() + STOP_TIMEOUT_S - STOP_MARGIN_S  # before Job.stop's kill
         if self._shard is not None:
             self._shard.close()
         server, self._server = self._server, None
         if server is not None:
-            server.stop(grace=1.0).wait()
-        if self._writer is not None:
-            self._writer.close()  # parts already copied are still written
+            server.stop(grace=SERVER_GRACE_S).wait(2 * SERVER_GRACE_S)
+        # Parts already copied are still written, as long as the deadline allows.
+        if self._writer is not None and not self._writer.close(deadline - time.monotonic()):
+            print(f"towerps: shard {self._index}: a checkpoint part was still being written "
+                  f"when the run's {STOP_TIMEOUT_S:.0f} s to stop ran out; that checkpoint "
+                  "stays incomplete", file=sys.stderr, flush=True)
         del server
         self._shard = self._writer = self._checkpoints = None
         gc.collect()  # their __del__ run now, in this call

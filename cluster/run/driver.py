@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from towerps import __version__
 from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
 from towerps.cluster.recovery.history import resume_line
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.api.jobfile import JOB_FILE
+from towerps.cluster.api.run_dirs import claim
 from towerps.cluster.run.placements import PLACEMENT_FILE
 from towerps.cluster.observe.evals import Snapshot, evaluate
 from towerps.cluster.recovery.interrupts import StopRequest
@@ -83,7 +83,8 @@ RAY_DATA_CPUS = 2
 log = logging.getLogger("towerps")
 
 def train(config: TrainConfig, progress: bool | None = None,
-          user: UserJob | None = None, resume: bool = False) -> RunSummary:
+          user: UserJob | None = None, resume: bool = False,
+          overwrite: bool = False) -> RunSummary:
     """Run one training job to the end; returns its summary (also written to disk).
 
     Blocks until done. Raises TowerpsError subclasses with a message naming
@@ -91,13 +92,17 @@ def train(config: TrainConfig, progress: bool | None = None,
     progress bar only on a terminal. `user`: the user's model and data
     (towerps.fit); None: the built-in data set and model the config names.
     `resume`: go on from the latest complete checkpoint in the run directory
-    (`resume_config` reads its configuration).
+    (`resume_config` reads its configuration). Otherwise the run directory
+    is claimed first (cluster/api/run_dirs.py): ConfigError, before anything
+    starts, when it holds a run (`overwrite=True` deletes that run's files)
+    or files of something else.
     """
-    return train_model(config, progress, user, resume)[0]
+    return train_model(config, progress, user, resume, overwrite)[0]
 
 
 def train_model(config: TrainConfig, progress: bool | None = None,
-                user: UserJob | None = None, resume: bool = False) -> tuple[RunSummary, keras.Model]:
+                user: UserJob | None = None, resume: bool = False,
+                overwrite: bool = False) -> tuple[RunSummary, keras.Model]:
     """`train`, also returning the driver's model, which holds the final weights.
 
     SIGINT/SIGTERM (on the main thread; cluster/recovery/interrupts.py): during
@@ -108,14 +113,16 @@ def train_model(config: TrainConfig, progress: bool | None = None,
     """
     stop = StopRequest()
     with stop.handling():
-        return _train(config, progress, user, resume, stop)
+        return _train(config, progress, user, resume, overwrite, stop)
 
 
 def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, resume: bool,
-           stop: StopRequest) -> tuple[RunSummary, keras.Model]:
+           overwrite: bool, stop: StopRequest) -> tuple[RunSummary, keras.Model]:
     clock = StartupClock.since_process()  # summary.json's startup_phases_s
     clock.mark("train")
     run_dir = config.resolved_run_dir(time.strftime("%Y%m%d-%H%M%S"))
+    if not resume:  # never into another run's directory (cluster/api/run_dirs.py)
+        claim(run_dir, overwrite, python=True)
     resume_version = latest_checkpoint(config, run_dir) if resume else None
     if resume_version is not None:
         log.info(resume_line(resume_version, run_dir, steps_to_go(config, resume_version)))
@@ -441,23 +448,14 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
               startup_phases_s: dict[str, float] | None = None) -> RunSummary:
     """The run's figures from its phases' results."""
     watched, counters, version = trained.watched, trained.counters, trained.version
-    reports, mode = watched.reports, config.mode
+    reports = watched.reports
     final = evals[-1] if evals else None
-    return RunSummary(
-        towerps_version=__version__,
-        mode=mode.name,
-        dataset=config.dataset,
-        model=config.model_name,
-        optimizer=config.optimizer,
-        lr=config.learning_rate,
-        seed=config.seed,
+    return RunSummary.of_job(
+        config,
+        job.run_dir,
         steps=version,
-        global_batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        num_ps=config.num_ps,
         num_parameters=int(sum(prepared.tower.variable_bytes().values()) // 4),
         shard_bytes=job.plan.shard_bytes(),
-        wire_dtype=config.wire_dtype,
         # per global batch: every worker's loop runs once per global batch
         wire_bytes_per_step=sum(r.bytes_sent + r.bytes_received for r in reports)
         / max(1, max(r.steps for r in reports)),
@@ -470,13 +468,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         pushes_applied=[c.pushes_applied for c in counters],
         pushes_duplicate=sum(c.pushes_duplicate for c in counters),
         pushes_rejected=sum(c.pushes_rejected for c in counters),
-        mode_label=mode.label,
-        staleness_bound=mode.staleness,
-        staleness_lr=mode.staleness_lr,
-        backup_workers=mode.backup_workers,
-        budget_s=config.budget_s,
         ended_early=watched.ended_early,
-        updates_per_step=mode.updates_per_step(config.num_workers),
         # Behind the final parameters: shard 0 may have applied one version more
         # than the lowest shard when a budget or signal ended the run.
         examples=watched.examples_at(version),
@@ -496,7 +488,6 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
                        versions_skipped=r.versions_skipped)
             for r in reports
         ],
-        run_dir=job.run_dir,
         # and what a test's seams changed, if any (a slow worker: workers/seams.py)
         config={**config.to_dict(), **installed().describe()},
         test_metrics=final.metrics if final else {},

@@ -39,6 +39,7 @@ import ray
 
 from towerps.cluster.run.actors import (ShardActor, ShardCheckpoints, WorkerActor, WorkerJob,
                                     alive_nodes)
+from towerps.cluster.run.actors import STOP_TIMEOUT_S  # a shard's stop fits inside it
 from towerps.cluster.recovery.checkpoint_plan import CheckpointPlan, start_sink
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.recovery.liveness import Heartbeat
@@ -64,7 +65,6 @@ from towerps.workers.seams import installed
 
 FINAL_PULL_TIMEOUT_S = 60.0
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
-STOP_TIMEOUT_S = 20.0  # for every shard to stop its server (all at once), loaded machine too
 
 
 @dataclass(frozen=True, eq=False)

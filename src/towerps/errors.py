@@ -67,5 +67,10 @@ class ActorFailed(ClusterError):
     """Code in a job's actor raised an error that is not towerps' own."""
 
 
+class RecoveryFailed(ClusterError):
+    """An actor died during training and the job could not bring it back (no
+    complete checkpoint to start it from): a runtime failure, not bad input."""
+
+
 class CheckpointError(TowerpsError):
     """A checkpoint is missing, incomplete, or not one towerps wrote."""

@@ -11,6 +11,7 @@ another user made or could have changed.
     check_private_file(path)                  # before trusting what is in it
     data = read_private_file(path)            # the same check and the read, on one open file
     data = read_private_file(path, secret=True)  # ... and no one else may read it
+    record = read_private_json(path)          # and its JSON; None if not there or half written
 
 Every refusal is an `UnsafePath` (a `ConfigError`) that names the path, what
 is wrong with it and the fix. Symlinks are refused, not followed: a link
@@ -20,6 +21,7 @@ planted in a run directory must not send the job's secret somewhere else.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
@@ -117,21 +119,45 @@ def read_private_file(path: str | os.PathLike, secret: bool = False) -> bytes:
     cannot be swapped between the check and the read); `secret` (a token
     file): that no one else may read either. Raises UnsafePath, or OSError
     when it cannot be opened (its strerror says why)."""
-    path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        return _read_checked(Path(path), secret)
     except FileNotFoundError:
         raise UnsafePath(f"{path} does not exist") from None
+
+
+def read_private_json(path: str | os.PathLike):
+    """The JSON value in `path`, read as read_private_file does (UnsafePath
+    when another user's, writable by others or a symlink), or None when
+    there is no such file or it holds no complete JSON (a file another
+    process is still writing in place)."""
+    try:
+        data = _read_checked(Path(path))  # UnsafePath (a ValueError too) goes up from here
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError: not all written yet
+        return None
+
+
+def _read_checked(path: Path, secret: bool = False) -> bytes:
+    """read_private_file's open, check and read; FileNotFoundError when absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as err:
         if err.errno == 40:  # ELOOP: the path is a symlink
             raise UnsafePath(_message(path, "is a symlink", "give the real file instead")) from None
         raise
-    with os.fdopen(fd, "rb") as f:
+    try:
         info = os.fstat(fd)
-        _check_info(path, info, stat.S_ISREG, "file")
+        _check_info(path, info, stat.S_ISREG, "file")  # before reading: not a folder
         if secret and info.st_mode & 0o077:
             raise UnsafePath(f"{path} is readable by others (mode {info.st_mode & 0o777:o}): it "
                              f"holds a secret; run `chmod 600 {path}`")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         return f.read()
 
 

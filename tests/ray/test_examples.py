@@ -101,7 +101,10 @@ def test_the_fashion_mnist_examples_reach_0_8_in_300_steps_with_2_workers_and_2_
     """Each example's main() as shipped (2 workers, 2 shards), for 300 steps."""
     example = {"tf_data": fashion_mnist_tf_data, "ray_data": fashion_mnist_ray_data}[kind]
     result = example.main(steps=300, run_dir=str(tmp_path), progress=False)
-    assert "test metrics" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "test metrics" in printed.out
+    # Ray Data's SplitCoordinator actor logs its progress; Ray forwards it: dropped.
+    assert "SplitCoordinator" not in printed.err, printed.err
     assert result.summary.steps == 300
     assert result.summary.dataset == kind
     assert result.test_metrics["accuracy"] >= 0.8

@@ -29,9 +29,10 @@ import pytest
 from tests.ray.test_checkpoints import CLEAN_STEPS, clean, job, weights_of  # noqa: F401 (fixture)
 from tests.polling import wait_until
 from tests.ray.test_stops import descendants, running, wait_for, wait_gone
-from towerps.cluster import train
+from towerps.cluster import TrainConfig, train
 from towerps.ps import Mode
-from towerps.errors import ActorDied
+from towerps.cluster.api.cli import error_status
+from towerps.errors import ActorDied, RecoveryFailed
 from towerps.shm import SEGMENT_DIR
 from towerps.testing import Faults, Hold, injected
 
@@ -303,6 +304,28 @@ def test_a_sigkilled_workers_shared_memory_is_removed_when_the_run_fails(ray_clu
     with pytest.raises(ActorDied):
         run.result()
     assert segments_of(run_dir) == []
+
+
+def test_a_shard_killed_before_the_first_checkpoint_stops_the_run_as_a_runtime_failure(
+        ray_cluster, tmp_path):
+    """Nothing to bring a dead shard back from (the first checkpoint comes at
+    step 4): the run stops with RecoveryFailed, naming what died and what to
+    do, which the command line reports as a runtime failure (exit 1), not as
+    bad input (2)."""
+    run_dir, release = tmp_path / "run", str(tmp_path / "release")
+    small = TrainConfig(dataset="synthetic", num_workers=1, num_ps=2, batch_size=32, steps=8,
+                        checkpoint_every=4, run_dir=str(run_dir))
+    run = Background(small, Faults(holds=(Hold(rank=0, step=2, release=release),)))
+    wait_for_file(release + ".held")
+    os.kill(pid_of(run_dir, "ps", 1), signal.SIGKILL)
+    open(release, "w").close()
+    with pytest.raises(RecoveryFailed) as err:
+        run.result()
+    message = str(err.value)
+    assert message.startswith("shard(s) [1] died at version "), message
+    assert "no complete checkpoint exists yet" in message and "at step 4" in message
+    assert "Start it again" in message and "--checkpoint-every" in message
+    assert error_status(err.value) == 1
 
 
 def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_kill(

@@ -222,6 +222,36 @@ def test_the_writer_blocks_the_shard_only_when_a_part_already_waits(tmp_path):
     assert len(writer.records) == 3
 
 
+def test_closing_the_writer_is_bounded_even_with_a_part_waiting_behind_a_slow_write():
+    """A shard's stop gives its writer what is left of the job's stop time
+    (cluster/run/actors.py): close returns by then, saying whether every part
+    was written, even when a second part waits for room in the queue."""
+    from towerps.cluster.run.actors import SERVER_GRACE_S, STOP_MARGIN_S, STOP_TIMEOUT_S
+
+    release, entered = threading.Event(), threading.Event()
+
+    class StuckStore:
+        def write_part(self, state):
+            entered.set()
+            assert release.wait(30)
+            return 1
+
+        def commit(self, version, num_shards):
+            return True
+
+    writer = PartWriter(StuckStore(), num_shards=1)
+    state = new_shard().export_state()
+    writer(state, 0.0)
+    assert entered.wait(10)
+    writer(state, 0.0)  # waits in the queue behind the stuck write
+    assert writer.close(timeout_s=0.2) is False  # the queue had no room for the stop
+    release.set()
+    assert writer.close(timeout_s=30) is True
+    assert len(writer.records) == 2
+    # What a shard's stop leaves its writer is inside what Job.stop waits.
+    assert 0 < STOP_TIMEOUT_S - STOP_MARGIN_S - 2 * SERVER_GRACE_S < STOP_TIMEOUT_S
+
+
 def test_non_trainable_state_travels_with_the_checkpoint():
     moving_mean = {"bn/moving_mean": np.zeros(4, np.float32)}
 

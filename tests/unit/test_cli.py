@@ -7,7 +7,7 @@ import pytest
 from towerps.cluster.api import cli
 from towerps.cluster.api.config import TrainConfig
 from towerps.errors import (ActorDied, ActorFailed, ClusterError, ConfigError, DataSetNotFound,
-                            PullTimeout, ShardUnavailable)
+                            PullTimeout, RecoveryFailed, ShardUnavailable)
 from towerps.ps.modes import Mode
 
 from tests.unit.fresh import run_fresh
@@ -190,6 +190,7 @@ def test_an_install_without_tensorflow_names_the_extras_that_bring_it(monkeypatc
     (ConfigError("--steps must be at least 1, got 0"), 2),
     (DataSetNotFound("cifar-10-binary.tar.gz is not in DIR"), 2),
     (ClusterError("the Ray cluster cannot place one PS shard"), 2),
+    (RecoveryFailed("shard(s) [1] died at version 2, and no complete checkpoint exists yet"), 1),
 ])
 def test_a_run_that_fails_while_it_runs_exits_1_and_bad_input_2(monkeypatch, capsys, tmp_path,
                                                                  error, status):

@@ -111,3 +111,35 @@ def test_ray_data_s_progress_leaves_the_console_unless_verbose():
         for handler, level in zip(handlers, levels):
             handler.setLevel(level)
             handler.filters = [f for f in handler.filters if f is not logs._progress_note]
+
+
+def test_the_split_coordinator_s_progress_lines_ray_forwards_are_dropped_unless_verbose(
+        monkeypatch):
+    """Ray Data's SplitCoordinator actor logs its progress on its own console,
+    which Ray forwards to the driver's: towerps drops those lines as they
+    arrive (its other lines, and every other actor's, pass), unless verbose."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from towerps.cluster.observe.logs import CoordinatorLines, quiet_ray_data
+
+    monkeypatch.setattr(dispatcher, "emit", dispatcher.emit)  # put back afterwards
+    monkeypatch.setattr(CoordinatorLines, "quiet", CoordinatorLines.quiet)
+    printed = []
+    monkeypatch.setattr(dispatcher, "handlers", [("test", lambda data: printed.append(data))])
+    coordinator = {"actor_name": "SplitCoordinator", "pid": 4297, "is_err": True, "lines": [
+        "Progress bars disabled. To enable, set "
+        "`ray.data.DataContext.get_current().enable_progress_bars = True`.",
+        "\u2714\ufe0f  Dataset dataset_0358_0 execution finished in 7.90 seconds",
+        "StreamSplitDataIterator(epoch=0, split=1) blocked waiting on other clients"]}
+    worker = {"actor_name": "WorkerActor", "pid": 4300, "is_err": True,
+              "lines": ["Dataset x execution finished in 1 seconds"]}
+
+    quiet_ray_data([], verbose=False)
+    dispatcher.emit(dict(coordinator))
+    dispatcher.emit(dict(worker))
+    dispatcher.emit({**coordinator, "lines": coordinator["lines"][:2]})  # nothing left: no call
+    assert [d["lines"] for d in printed] == [coordinator["lines"][2:], worker["lines"]]
+    printed.clear()
+    quiet_ray_data([], verbose=True)
+    dispatcher.emit(dict(coordinator))
+    assert [d["lines"] for d in printed] == [coordinator["lines"]]

@@ -8,7 +8,7 @@ import pytest
 from towerps.errors import ConfigError
 from towerps.private import (
     UnsafePath, check_private_dir, check_private_file, make_private_dir, open_private,
-    write_private_file,
+    read_private_json, write_private_file,
 )
 
 pytestmark = pytest.mark.unit
@@ -89,6 +89,24 @@ def test_check_private_file_refuses_writable_missing_and_dirs(tmp_path):
     with pytest.raises(UnsafePath, match="is not a file"):
         check_private_file(tmp_path)
     check_private_dir(tmp_path)
+
+
+def test_read_private_json_reads_a_private_file_and_tells_absent_or_half_written_by_none(
+        tmp_path):
+    path = tmp_path / "summary.json"
+    assert read_private_json(path) is None  # not written yet
+    write_private_file(path, '{"steps": 12}')
+    assert read_private_json(path) == {"steps": 12}
+    path.write_text('{"steps": 1')  # a writer in the middle of it
+    assert read_private_json(path) is None
+    os.chmod(path, 0o622)
+    with pytest.raises(UnsafePath, match="mode 622"):
+        read_private_json(path)
+    os.symlink(path, tmp_path / "link.json")
+    with pytest.raises(UnsafePath, match="is a symlink"):
+        read_private_json(tmp_path / "link.json")
+    with pytest.raises(UnsafePath, match="is not a file"):
+        read_private_json(tmp_path)
 
 
 def test_a_file_of_another_user_is_refused(tmp_path):

@@ -91,3 +91,23 @@ def test_a_summary_written_before_stopped_existed_still_loads(tmp_path):
     del data["stopped"], data["stop_signal"], data["recoveries"]
     loaded = RunSummary.from_dict(data)
     assert (loaded.stopped, loaded.stop_signal, loaded.recoveries) == ("steps", None, [])
+
+
+def test_a_summary_of_a_job_takes_the_configuration_s_fields_and_the_figures_given(tmp_path):
+    """What the driver and a run lost with Ray both build summary.json from."""
+    from towerps.cluster.api.config import TrainConfig
+
+    config = TrainConfig(dataset="synthetic", mode="ssp:2", num_workers=2, num_ps=3, seed=5)
+    lost = RunSummary.of_job(config, str(tmp_path), steps=12, stopped="ray_lost")
+    assert list(lost.to_dict()) == SUMMARY_KEYS
+    assert (lost.mode, lost.mode_label, lost.staleness_bound) == ("ssp", "ssp:2", 2)
+    assert (lost.num_workers, lost.num_ps, lost.seed, lost.steps) == (2, 3, 5, 12)
+    assert lost.config == config.to_dict() and lost.run_dir == str(tmp_path)
+    assert lost.test_accuracy is None and lost.evals == [] and lost.staleness.max == 0
+    assert RunSummary.load(lost.write()) == lost
+    # Any field may be given (the driver adds a test's seams to "config"); the
+    # figures not given are fresh for every summary: none shares another's list.
+    other = RunSummary.of_job(config, str(tmp_path), config={"seams": 1})
+    assert other.config == {"seams": 1} and other.num_workers == 2
+    other.pushes_applied.append(1)
+    assert lost.pushes_applied == []
