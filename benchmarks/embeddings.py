@@ -22,12 +22,15 @@ Three systems, each what exists today:
            2 worker and 2 ps servers (benchmarks/peers.py's), a chief
            scheduling half-batch steps; asynchronous by design.
 
+What a row-sparse path would move per global batch is counted from the
+data: each worker pulls and pushes only the rows its part of the batch
+touches, 2 x unique rows x (16 x 4 bytes + an 8-byte row index), plus the
+dense layers in full, against the dense path (every parameter both ways,
+every worker).
+
 --tiny: MovieLens for one epoch, the DLRM at 1,000 rows for 2 + 4 steps of
 64, and no tf_pss unless --systems names it (its cluster alone takes ~20 s
-to start). And what a row-sparse path would move per global batch: each worker pulls
-and pushes only the rows its part of the batch touches, 2 x unique rows x
-(16 x 4 bytes + an 8-byte row index), plus the dense layers in full,
-against today's dense path (every parameter both ways, every worker).
+to start).
 """
 
 from __future__ import annotations
