@@ -24,41 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btowerps/proto/towerps.proto\x12\ntowerps.v1\"j\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.towerps.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"7\n\x0cTensorChunks\x12\'\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x17.towerps.v1.TensorChunk\"m\n\x0cSharedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.towerps.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06length\x18\x05 \x01(\x03\"\xec\x01\n\nPushHeader\x12\x13\n\x0bworker_rank\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x14\n\x0cnum_examples\x18\x04 \x01(\x03\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x13\n\x0bnum_tensors\x18\x06 \x01(\x05\x12\x11\n\tskip_step\x18\x07 \x01(\x08\x12\x0f\n\x07segment\x18\x08 \x01(\t\x12(\n\x06shared\x18\t \x03(\x0b\x32\x18.towerps.v1.SharedTensor\x12%\n\x04pull\x18\n \x01(\x0b\x32\x17.towerps.v1.PullRequestJ\x04\x08\x03\x10\x04R\x07\x61ttempt\"k\n\x0bPushRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.towerps.v1.PushHeaderH\x00\x12*\n\x06\x63hunks\x18\x02 \x01(\x0b\x32\x18.towerps.v1.TensorChunksH\x00\x42\x06\n\x04part\"\xbc\x01\n\tPushReply\x12.\n\x07outcome\x18\x01 \x01(\x0e\x32\x1d.towerps.v1.PushReply.Outcome\x12\x0f\n\x07version\x18\x02 \x01(\x03\"n\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x42UFFERED\x10\x01\x12\x0b\n\x07\x41PPLIED\x10\x02\x12\r\n\tDUPLICATE\x10\x03\x12\x13\n\x0f\x41LREADY_APPLIED\x10\x04\x12\x0b\n\x07\x44ROPPED\x10\x05\"m\n\x0bPullRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x03\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12%\n\nwire_dtype\x18\x03 \x01(\x0e\x32\x11.towerps.v1.DType\x12\x0f\n\x07segment\x18\x04 \x01(\t\"\x81\x01\n\nPullHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\x05\x12(\n\x06shared\x18\x03 \x03(\x0b\x32\x18.towerps.v1.SharedTensor\x12#\n\x04push\x18\x04 \x01(\x0b\x32\x15.towerps.v1.PushReply\"i\n\tPullReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.towerps.v1.PullHeaderH\x00\x12*\n\x06\x63hunks\x18\x02 \x01(\x0b\x32\x18.towerps.v1.TensorChunksH\x00\x42\x06\n\x04part\"&\n\rStatusRequest\x12\x15\n\rsince_version\x18\x01 \x01(\x03\"j\n\nStepRecord\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x14\n\x0cnum_examples\x18\x03 \x01(\x03\x12\x14\n\x0c\x61pplied_at_s\x18\x04 \x01(\x01\x12\x11\n\tstaleness\x18\x05 \x01(\x03\"\x86\x04\n\x0bStatusReply\x12\x13\n\x0bshard_index\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x03 \x01(\x03\x12\x17\n\x0fparameter_bytes\x18\x04 \x01(\x03\x12\x16\n\x0epushes_applied\x18\x05 \x01(\x03\x12\x18\n\x10pushes_duplicate\x18\x06 \x01(\x03\x12\x17\n\x0fpushes_rejected\x18\x07 \x01(\x03\x12%\n\x05steps\x18\x08 \x03(\x0b\x32\x16.towerps.v1.StepRecord\x12\x16\n\x0epushes_dropped\x18\t \x01(\x03\x12\x18\n\x10pushes_after_end\x18\n \x01(\x03\x12\x12\n\ngate_waits\x18\x0b \x01(\x03\x12\x1b\n\x13staleness_histogram\x18\x0c \x03(\x03\x12\x18\n\x10pushes_nonfinite\x18\r \x01(\x03\x12\x15\n\rsteps_skipped\x18\x0e \x01(\x03\x12\x17\n\x0f\x63\x61lls_in_flight\x18\x0f \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x10 \x01(\x03\x12\x12\n\nbytes_sent\x18\x11 \x01(\x03\x12\x17\n\x0fupdates_applied\x18\x12 \x01(\x03\x12\x0f\n\x07\x61pply_s\x18\x13 \x01(\x01\x12\x15\n\rpulls_waiting\x18\x14 \x01(\x03\x12\x14\n\x0cpushes_per_s\x18\x15 \x01(\x01*i\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT16\x10\x02\x12\x0c\n\x08\x42\x46LOAT16\x10\x03\x12\x0b\n\x07\x46LOAT64\x10\x04\x12\t\n\x05INT32\x10\x05\x12\t\n\x05INT64\x10\x06\x32\xc1\x03\n\x0fParameterServer\x12\x38\n\x04Push\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PushReply(\x01\x12\x38\n\x04Pull\x12\x17.towerps.v1.PullRequest\x1a\x15.towerps.v1.PullReply0\x01\x12>\n\x08PushPull\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PullReply(\x01\x30\x01\x12<\n\nSharedPush\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PushReply\x12<\n\nSharedPull\x12\x17.towerps.v1.PullRequest\x1a\x15.towerps.v1.PullReply\x12@\n\x0eSharedPushPull\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PullReply\x12<\n\x06Status\x12\x19.towerps.v1.StatusRequest\x1a\x17.towerps.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btowerps/proto/towerps.proto\x12\ntowerps.v1\"j\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.towerps.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"7\n\x0cTensorChunks\x12\'\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x17.towerps.v1.TensorChunk\"m\n\x0cSharedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.towerps.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06length\x18\x05 \x01(\x03\"-\n\x0cSparseTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07num_ids\x18\x02 \x01(\x03\"\x96\x02\n\nPushHeader\x12\x13\n\x0bworker_rank\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x14\n\x0cnum_examples\x18\x04 \x01(\x03\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x13\n\x0bnum_tensors\x18\x06 \x01(\x05\x12\x11\n\tskip_step\x18\x07 \x01(\x08\x12\x0f\n\x07segment\x18\x08 \x01(\t\x12(\n\x06shared\x18\t \x03(\x0b\x32\x18.towerps.v1.SharedTensor\x12%\n\x04pull\x18\n \x01(\x0b\x32\x17.towerps.v1.PullRequest\x12(\n\x06sparse\x18\x0b \x03(\x0b\x32\x18.towerps.v1.SparseTensorJ\x04\x08\x03\x10\x04R\x07\x61ttempt\"k\n\x0bPushRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.towerps.v1.PushHeaderH\x00\x12*\n\x06\x63hunks\x18\x02 \x01(\x0b\x32\x18.towerps.v1.TensorChunksH\x00\x42\x06\n\x04part\"\xbc\x01\n\tPushReply\x12.\n\x07outcome\x18\x01 \x01(\x0e\x32\x1d.towerps.v1.PushReply.Outcome\x12\x0f\n\x07version\x18\x02 \x01(\x03\"n\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x42UFFERED\x10\x01\x12\x0b\n\x07\x41PPLIED\x10\x02\x12\r\n\tDUPLICATE\x10\x03\x12\x13\n\x0f\x41LREADY_APPLIED\x10\x04\x12\x0b\n\x07\x44ROPPED\x10\x05\"m\n\x0bPullRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x03\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12%\n\nwire_dtype\x18\x03 \x01(\x0e\x32\x11.towerps.v1.DType\x12\x0f\n\x07segment\x18\x04 \x01(\t\"\x81\x01\n\nPullHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\x05\x12(\n\x06shared\x18\x03 \x03(\x0b\x32\x18.towerps.v1.SharedTensor\x12#\n\x04push\x18\x04 \x01(\x0b\x32\x15.towerps.v1.PushReply\"i\n\tPullReply\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.towerps.v1.PullHeaderH\x00\x12*\n\x06\x63hunks\x18\x02 \x01(\x0b\x32\x18.towerps.v1.TensorChunksH\x00\x42\x06\n\x04part\"&\n\rStatusRequest\x12\x15\n\rsince_version\x18\x01 \x01(\x03\"j\n\nStepRecord\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04loss\x18\x02 \x01(\x01\x12\x14\n\x0cnum_examples\x18\x03 \x01(\x03\x12\x14\n\x0c\x61pplied_at_s\x18\x04 \x01(\x01\x12\x11\n\tstaleness\x18\x05 \x01(\x03\"\x86\x04\n\x0bStatusReply\x12\x13\n\x0bshard_index\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x03 \x01(\x03\x12\x17\n\x0fparameter_bytes\x18\x04 \x01(\x03\x12\x16\n\x0epushes_applied\x18\x05 \x01(\x03\x12\x18\n\x10pushes_duplicate\x18\x06 \x01(\x03\x12\x17\n\x0fpushes_rejected\x18\x07 \x01(\x03\x12%\n\x05steps\x18\x08 \x03(\x0b\x32\x16.towerps.v1.StepRecord\x12\x16\n\x0epushes_dropped\x18\t \x01(\x03\x12\x18\n\x10pushes_after_end\x18\n \x01(\x03\x12\x12\n\ngate_waits\x18\x0b \x01(\x03\x12\x1b\n\x13staleness_histogram\x18\x0c \x03(\x03\x12\x18\n\x10pushes_nonfinite\x18\r \x01(\x03\x12\x15\n\rsteps_skipped\x18\x0e \x01(\x03\x12\x17\n\x0f\x63\x61lls_in_flight\x18\x0f \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x10 \x01(\x03\x12\x12\n\nbytes_sent\x18\x11 \x01(\x03\x12\x17\n\x0fupdates_applied\x18\x12 \x01(\x03\x12\x0f\n\x07\x61pply_s\x18\x13 \x01(\x01\x12\x15\n\rpulls_waiting\x18\x14 \x01(\x03\x12\x14\n\x0cpushes_per_s\x18\x15 \x01(\x01*i\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT16\x10\x02\x12\x0c\n\x08\x42\x46LOAT16\x10\x03\x12\x0b\n\x07\x46LOAT64\x10\x04\x12\t\n\x05INT32\x10\x05\x12\t\n\x05INT64\x10\x06\x32\xc1\x03\n\x0fParameterServer\x12\x38\n\x04Push\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PushReply(\x01\x12\x38\n\x04Pull\x12\x17.towerps.v1.PullRequest\x1a\x15.towerps.v1.PullReply0\x01\x12>\n\x08PushPull\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PullReply(\x01\x30\x01\x12<\n\nSharedPush\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PushReply\x12<\n\nSharedPull\x12\x17.towerps.v1.PullRequest\x1a\x15.towerps.v1.PullReply\x12@\n\x0eSharedPushPull\x12\x17.towerps.v1.PushRequest\x1a\x15.towerps.v1.PullReply\x12<\n\x06Status\x12\x19.towerps.v1.StatusRequest\x1a\x17.towerps.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'towerps.proto.towerps_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1877
-  _globals['_DTYPE']._serialized_end=1982
+  _globals['_DTYPE']._serialized_start=1966
+  _globals['_DTYPE']._serialized_end=2071
   _globals['_TENSORCHUNK']._serialized_start=43
   _globals['_TENSORCHUNK']._serialized_end=149
   _globals['_TENSORCHUNKS']._serialized_start=151
   _globals['_TENSORCHUNKS']._serialized_end=206
   _globals['_SHAREDTENSOR']._serialized_start=208
   _globals['_SHAREDTENSOR']._serialized_end=317
-  _globals['_PUSHHEADER']._serialized_start=320
-  _globals['_PUSHHEADER']._serialized_end=556
-  _globals['_PUSHREQUEST']._serialized_start=558
-  _globals['_PUSHREQUEST']._serialized_end=665
-  _globals['_PUSHREPLY']._serialized_start=668
-  _globals['_PUSHREPLY']._serialized_end=856
-  _globals['_PUSHREPLY_OUTCOME']._serialized_start=746
-  _globals['_PUSHREPLY_OUTCOME']._serialized_end=856
-  _globals['_PULLREQUEST']._serialized_start=858
-  _globals['_PULLREQUEST']._serialized_end=967
-  _globals['_PULLHEADER']._serialized_start=970
-  _globals['_PULLHEADER']._serialized_end=1099
-  _globals['_PULLREPLY']._serialized_start=1101
-  _globals['_PULLREPLY']._serialized_end=1206
-  _globals['_STATUSREQUEST']._serialized_start=1208
-  _globals['_STATUSREQUEST']._serialized_end=1246
-  _globals['_STEPRECORD']._serialized_start=1248
-  _globals['_STEPRECORD']._serialized_end=1354
-  _globals['_STATUSREPLY']._serialized_start=1357
-  _globals['_STATUSREPLY']._serialized_end=1875
-  _globals['_PARAMETERSERVER']._serialized_start=1985
-  _globals['_PARAMETERSERVER']._serialized_end=2434
+  _globals['_SPARSETENSOR']._serialized_start=319
+  _globals['_SPARSETENSOR']._serialized_end=364
+  _globals['_PUSHHEADER']._serialized_start=367
+  _globals['_PUSHHEADER']._serialized_end=645
+  _globals['_PUSHREQUEST']._serialized_start=647
+  _globals['_PUSHREQUEST']._serialized_end=754
+  _globals['_PUSHREPLY']._serialized_start=757
+  _globals['_PUSHREPLY']._serialized_end=945
+  _globals['_PUSHREPLY_OUTCOME']._serialized_start=835
+  _globals['_PUSHREPLY_OUTCOME']._serialized_end=945
+  _globals['_PULLREQUEST']._serialized_start=947
+  _globals['_PULLREQUEST']._serialized_end=1056
+  _globals['_PULLHEADER']._serialized_start=1059
+  _globals['_PULLHEADER']._serialized_end=1188
+  _globals['_PULLREPLY']._serialized_start=1190
+  _globals['_PULLREPLY']._serialized_end=1295
+  _globals['_STATUSREQUEST']._serialized_start=1297
+  _globals['_STATUSREQUEST']._serialized_end=1335
+  _globals['_STEPRECORD']._serialized_start=1337
+  _globals['_STEPRECORD']._serialized_end=1443
+  _globals['_STATUSREPLY']._serialized_start=1446
+  _globals['_STATUSREPLY']._serialized_end=1964
+  _globals['_PARAMETERSERVER']._serialized_start=2074
+  _globals['_PARAMETERSERVER']._serialized_end=2523
 # @@protoc_insertion_point(module_scope)

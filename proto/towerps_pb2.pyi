@@ -58,8 +58,16 @@ class SharedTensor(_message.Message):
     length: int
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
+class SparseTensor(_message.Message):
+    __slots__ = ("name", "num_ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_ids: int
+    def __init__(self, name: _Optional[str] = ..., num_ids: _Optional[int] = ...) -> None: ...
+
 class PushHeader(_message.Message):
-    __slots__ = ("worker_rank", "step", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared", "pull")
+    __slots__ = ("worker_rank", "step", "num_examples", "loss", "num_tensors", "skip_step", "segment", "shared", "pull", "sparse")
     WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +77,7 @@ class PushHeader(_message.Message):
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
     worker_rank: int
     step: int
     num_examples: int
@@ -78,7 +87,8 @@ class PushHeader(_message.Message):
     segment: str
     shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
     pull: PullRequest
-    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ...) -> None: ...
+    sparse: _containers.RepeatedCompositeFieldContainer[SparseTensor]
+    def __init__(self, worker_rank: _Optional[int] = ..., step: _Optional[int] = ..., num_examples: _Optional[int] = ..., loss: _Optional[float] = ..., num_tensors: _Optional[int] = ..., skip_step: _Optional[bool] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ..., sparse: _Optional[_Iterable[_Union[SparseTensor, _Mapping]]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("header", "chunks")

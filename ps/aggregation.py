@@ -32,6 +32,12 @@ over every variable (about a third of what Adam's update took in a
 profile of the shard). So a single worker trains bit for bit as one
 process applying its gradients directly does (with float32 on the wire).
 
+Row-sparse gradients (src/towerps/sparse.py, an Embedding's): added into
+the dense sum at their rows alone, with the dense sum's bits (`_add_rows`
+says how), so the mean is the one the same gradients pushed dense give;
+a step of one such push is its dense form, written into the buffer. The
+optimizer then sees a dense mean, as ever.
+
 Memory: with a larger quorum the first push of a step is scaled straight
 into the buffer (no zero fill, no temporary) and later ones go through a
 scratch block of BLOCK_ELEMENTS, so no temporary as large as a variable is
@@ -46,6 +52,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from towerps.ps.optimizers import BLOCK_ELEMENTS, flat_blocks
+from towerps.sparse import RowSparse
 
 
 class StepBuffer:
@@ -62,6 +69,8 @@ class StepBuffer:
         self._first: tuple[Mapping[str, np.ndarray], int] | None = None
         self._next_rank = 0  # ordered: every rank below it has been added
         self._held: dict[int, tuple[Mapping[str, np.ndarray], int, float]] = {}
+        # Per variable summed only row-sparse so far this step: the rows touched (_add_rows).
+        self._sparse_rows: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.contributors)
@@ -98,7 +107,14 @@ class StepBuffer:
 
     def _sum_in(self, grads: Mapping[str, np.ndarray], num_examples: int, first: bool) -> None:
         n = np.float32(num_examples)
+        if self._sparse_rows:  # a dense push adds to every row: any may hold a -0.0 (_add_rows)
+            for name, grad in grads.items():
+                if not isinstance(grad, RowSparse):
+                    self._sparse_rows.pop(name, None)
         for name, grad in grads.items():
+            if isinstance(grad, RowSparse):
+                self._add_rows(name, grad, n, first)
+                continue
             for total, g in flat_blocks(self._sum[name], grad):
                 # (block of the variable) += n * (same block)
                 if first:
@@ -106,6 +122,33 @@ class StepBuffer:
                 else:
                     scaled = np.multiply(g, n, out=self._scratch[:len(g)])
                     total += scaled
+
+    def _add_rows(self, name: str, grad: RowSparse, n: np.float32, first: bool) -> None:
+        """Add n * grad into the sum of `name` as the dense gradient
+        `grad.to_dense()` would be added, bit for bit, touching its rows only.
+
+        The dense sum of a first push is n * g, +0.0 outside the rows: so is
+        a zero fill. A later dense push adds n * 0 = +0.0 to every row it
+        does not touch, which changes nothing but a -0.0 (-0.0 + +0.0 is
+        +0.0): and a -0.0 can only stand in a row an earlier push of the
+        step touched. So the rows touched so far (`_sparse_rows`; absent once
+        a dense push was added) that this push does not touch get their +0.0."""
+        total = self._sum[name]
+        scaled = grad.rows * n  # [k, *row_shape], as dense: n * g, float32
+        if first:
+            total.fill(0)
+            total[grad.ids] = scaled
+            self._sparse_rows[name] = grad.ids
+            return
+        before = self._sparse_rows.get(name)
+        if before is None:  # a dense push came first: any row may hold a -0.0
+            rest = np.ones(len(total), bool)
+            rest[grad.ids] = False
+        else:
+            rest = np.setdiff1d(before, grad.ids, assume_unique=True)
+            self._sparse_rows[name] = np.union1d(before, grad.ids)
+        total[rest] += np.float32(0)
+        total[grad.ids] += scaled
 
     @property
     def loss(self) -> float:
@@ -119,7 +162,8 @@ class StepBuffer:
         for rank in sorted(self._held):
             self._add(*self._held.pop(rank))
         if self._first is not None:  # one push: its gradient is the mean, as it came
-            return dict(self._first[0])
+            return {name: grad.to_dense(out=self._sum[name]) if isinstance(grad, RowSparse)
+                    else grad for name, grad in self._first[0].items()}
         scale = np.float32(1.0 / self.num_examples)
         for grad_sum in self._sum.values():
             grad_sum *= scale
@@ -134,3 +178,4 @@ class StepBuffer:
         self._added = 0
         self._first = None
         self._next_rank = 0
+        self._sparse_rows.clear()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from towerps.errors import BadRequest, BadTensor, NotFinite, StepMismatch
+from towerps.sparse import RowSparse, check_ids, values_of
 from towerps.wire import TensorSpec
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -44,8 +45,9 @@ def contribution_bound(num_examples: int, num_contributions: int) -> float:
 def peak_magnitude(array) -> float:
     """The largest |element| of `array` (0 if empty); NaN if any element is NaN.
 
-    Two reductions over the array, which make no temporary."""
-    array = np.asarray(array)
+    Two reductions over the array, which make no temporary. A RowSparse:
+    over its rows (every other element is zero)."""
+    array = np.asarray(values_of(array))
     if array.size == 0:
         return 0.0
     return float(np.maximum(-array.min(), array.max()))  # NaN propagates
@@ -80,6 +82,9 @@ class PushRules:
     # After a node was lost (sync): the ranks that make a step and the rows
     # each pushes (Shard.set_workers); None: every rank, any count up to the batch.
     rows: Mapping[int, int] | None = None
+    # The trainable variables: the only tensors that may come row-sparse
+    # (src/towerps/sparse.py); state never does.
+    trainable: frozenset[str] = frozenset()
 
     def push(self, version: int, worker_rank: int, step: int, grads: Mapping[str, np.ndarray],
              num_examples: int, loss: float) -> None:
@@ -140,7 +145,9 @@ class PushRules:
 
     def tensors(self, grads: Mapping[str, np.ndarray]) -> None:
         """Exactly the shard's tensors, each of its dtype and shape (`push`
-        then checks their values by the contribution rule)."""
+        then checks their values by the contribution rule). A row-sparse
+        gradient (RowSparse) only of a trainable variable, its ids int64,
+        one per row, ascending without repeats, within the variable's rows."""
         if set(grads) != set(self.specs):
             missing = sorted(set(self.specs) - set(grads))
             unknown = sorted(set(grads) - set(self.specs))
@@ -150,6 +157,11 @@ class PushRules:
             )
         for name, grad in grads.items():
             spec = self.specs[name]
+            if isinstance(grad, RowSparse):
+                if name not in self.trainable:
+                    raise BadTensor(f"shard {self.index}: {name!r} came row-sparse, but only a "
+                                    "trainable variable's gradient may; send it dense")
+                check_ids(name, grad)
             if tuple(grad.shape) != spec.shape or grad.dtype != spec.dtype:
                 raise BadTensor(
                     f"gradient {name!r}: got dtype {grad.dtype} shape {tuple(grad.shape)}, "

@@ -25,9 +25,12 @@ and within the contribution rule (a value too large to sum safely).
  3 parse        src/towerps/codec.py         INVALID_ARGUMENT: a message that is not
                 (ps/guard.py: protobuf's)    protobuf, or beyond the bounds of fields, chunks
                                              and dimensions (each message, as it arrives)
- 4 header       codec.read_header, here      INVALID_ARGUMENT: no header first, a header
-                                             larger than its tensors can need, malformed, or
-                                             a negative tensor count; PERMISSION_DENIED: a
+ 4 header       codec.read_header, here,     INVALID_ARGUMENT: no header first, a header
+                sparse.wire_specs            larger than its tensors can need, malformed, or
+                                             a negative tensor count, a row-sparse entry
+                                             (`sparse`) naming no variable of a dimension or
+                                             more held here, twice, or with more ids than
+                                             the variable has rows; PERMISSION_DENIED: a
                                              rank the principal may not push as;
                                              INVALID_ARGUMENT: a Shared* call without its
                                              segments or with skip_step, tensors both in
@@ -40,16 +43,22 @@ and within the contribution rule (a value too large to sum safely).
                                              segment name not a pull segment of this run and
                                              shard; PERMISSION_DENIED: another rank's segment
  6 tensors      the carrier: ps/chunks.py    INVALID_ARGUMENT: a tensor not held here, of
-                (wire.TensorAssembler),      another dtype or shape, bytes out of order, past
-                ps/same_node.py (shm)        the tensor or short, over the chunk budget or
+                (wire.TensorAssembler),      another dtype or shape (a row-sparse one's rows:
+                ps/same_node.py (shm),       [num_ids, *row shape], its ids: int64
+                then sparse.from_wire        [num_ids]), bytes out of order, past
+                                             the tensor or short, over the chunk budget or
                                              the announced count; a segment not this run's,
                                              shard's and rank's push segment, not a regular
-                                             file of one name, a description outside it
+                                             file of one name, a description outside it;
+                                             row-sparse rows without their ids
  7 shard rules  ps/checks.py (Shard.push,    INVALID_ARGUMENT: rank outside 0..N-1, step
                 under the shard's lock)      negative, examples outside 1..global batch, a
                                              loss or value not finite or beyond the
-                                             contribution rule, not exactly the
-                                             shard's tensors; FAILED_PRECONDITION: a step
+                                             contribution rule (a row-sparse one's:
+                                             its rows), not exactly the shard's tensors,
+                                             row-sparse ids not ascending without repeats
+                                             or outside the variable's rows, a row-sparse
+                                             tensor of state; FAILED_PRECONDITION: a step
                                              ahead of the shard's version, a rank or row
                                              count a lost node retired
  8 exactly once Shard (`_admit`)             nothing: a repeat of (rank, step) answers
@@ -85,6 +94,7 @@ from towerps.ps.guard import Call
 from towerps.ps.limits import IdleWatch, ShardLimits, checked_wait
 from towerps.ps.shard import PushOutcome, PushResult, Shard
 from towerps.ps.transport import PullPlan, ShardCarrier
+from towerps.sparse import from_wire, wire_specs
 from towerps.wire import pull_wire_dtype
 
 _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
@@ -129,8 +139,10 @@ class Pipeline:
             if shared:
                 _check_shared(header, then_pull)
             carrier = self._push_carrier(header)  # the rest of stage 4, before stage 5
+            specs = wire_specs(self._shard.specs, header.sparse)  # the rest of stage 4
             pull = self._pull_plan(header.pull, header.step + 1, call) if then_pull else None
-            tensors = carrier.receive(header, parts, self._shard.specs)
+            tensors = from_wire(carrier.receive(header, parts, specs), header.sparse,
+                                self._shard.specs)
         finally:
             stream.done()
         return CheckedPush(header, tensors, pull)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from towerps.errors import BadTensor, ConfigError
+from towerps.sparse import RowSparse
 from towerps.wire import aligned_empty
 
 MIN_SLICE_BYTES = 64 * 1024
@@ -56,7 +57,8 @@ class PlacementPlan:
         return load
 
     def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        """Cut whole-variable tensors into each shard's slices (views, no copies)."""
+        """Cut whole-variable tensors into each shard's slices (views, no copies);
+        a row-sparse gradient (RowSparse) into the RowSparse of each slice."""
         missing = sorted({s.variable for s in self.slices} - set(tensors))
         unknown = sorted(set(tensors) - {s.variable for s in self.slices})
         if missing or unknown:
@@ -66,7 +68,12 @@ class PlacementPlan:
         per_shard: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_shards)]
         for s in self.slices:
             array = tensors[s.variable]
-            per_shard[s.shard][s.name] = array if s.whole else array[s.start:s.stop]
+            if s.whole:
+                per_shard[s.shard][s.name] = array
+            elif isinstance(array, RowSparse):
+                per_shard[s.shard][s.name] = array.rows_between(s.start, s.stop)
+            else:
+                per_shard[s.shard][s.name] = array[s.start:s.stop]
         return per_shard
 
     def join(self, parts: Mapping[str, np.ndarray],

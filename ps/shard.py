@@ -81,6 +81,7 @@ from towerps.ps.parts import ShardLayout, ShardState, check_values
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
+from towerps.sparse import RowSparse
 from towerps.wire import TensorSpec, spec_of
 
 T = TypeVar("T")
@@ -147,7 +148,8 @@ class Shard:
         self._lock = threading.Condition()
         self._version = 0
         self._end = _NO_END if end_version is None else end_version
-        self._rules = PushRules(index, num_workers, self.specs, max_examples)
+        self._rules = PushRules(index, num_workers, self.specs, max_examples,
+                                trainable=frozenset(self._params))
         self._skipping: set[int] = set()  # sync: ranks that reported the step as skipped
         self._closed = False
         self._halted: str | None = None  # reject: why a step was refused (_refuse_update)
@@ -339,7 +341,7 @@ class Shard:
         t0 = time.perf_counter()
         try:
             self._optimizer.apply(
-                self._params, {n: pushed[n] for n in self._params}, lr_scale=lr_scale
+                self._params, {n: _dense(pushed[n]) for n in self._params}, lr_scale=lr_scale
             )
         except NotFinite as err:
             self._refuse_update(source, str(err), staleness)
@@ -617,6 +619,12 @@ class Shard:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
+
+
+def _dense(grad) -> np.ndarray:
+    """An async or ssp push's row-sparse gradient made dense: the optimizer
+    applies to every row, as to a dense push (a sync step's mean is dense already)."""
+    return grad.to_dense() if isinstance(grad, RowSparse) else grad
 
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:

@@ -46,6 +46,10 @@ push and then a pull.
 With `wire_dtype` bfloat16 or float16, gradients and pulled parameters
 travel in that dtype (half the bytes); shards accumulate and apply in
 float32, and pulled parameters are widened to float32 here.
+
+A row-sparse gradient (an Embedding's, src/towerps/sparse.py) travels as
+the rows it touched and their int64 ids, each slice's own, when that is
+smaller than the whole variable; pulls always bring whole variables.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from towerps.ps.placement import PlacementPlan
 from towerps.ps.shard import PushOutcome
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.ps.transport import Carrier, ShardReply, error_of
+from towerps.sparse import to_wire
 from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, widened, wire_code
 from towerps.workers.chunks import ChunkCarrier
@@ -226,9 +231,9 @@ class PSClient:
         """Send each shard its slices of `grads`; returns each shard's PushOutcome
         (BUFFERED, APPLIED, DUPLICATE, ...), by shard index. `shards`: only
         these (a test's partial push, workers/faults.py); None: every shard."""
-        replies = self._push_all(worker_rank, step, self.plan.split(grads), num_examples, loss,
-                                 shards=shards)
-        self._count(sent=self._payload(grads))
+        per_shard = self._wire(grads)
+        replies = self._push_all(worker_rank, step, per_shard, num_examples, loss, shards=shards)
+        self._count(sent=self._payload(per_shard))
         return [reply.outcome for reply in replies]
 
     def push_pull(
@@ -243,16 +248,16 @@ class PSClient:
         answer (UNAVAILABLE) is exactly-once as `push`'s and gets the
         parameters all the same."""
         request = pb.PullRequest(timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype))
-        replies = self._push_all(worker_rank, step, self.plan.split(grads), num_examples, loss,
-                                 pull=request)
-        self._count(sent=self._payload(grads))
+        per_shard = self._wire(grads)
+        replies = self._push_all(worker_rank, step, per_shard, num_examples, loss, pull=request)
+        self._count(sent=self._payload(per_shard))
         version, params = self._joined(replies)
         return PushPullResult([reply.outcome for reply in replies], version, params)
 
     def skip(self, worker_rank: int, step: int) -> list[PushOutcome]:
         """Tell every shard that this worker's gradient of `step` was not
         finite (--nonfinite skip-step): the step applies nothing. Outcomes as `push`."""
-        empty = [{} for _ in range(self.num_shards)]
+        empty = [({}, []) for _ in range(self.num_shards)]
         replies = self._push_all(worker_rank, step, empty, 0, 0.0, skip_step=True)
         return [reply.outcome for reply in replies]
 
@@ -260,7 +265,8 @@ class PSClient:
                   shards: Sequence[int] | None = None,
                   pull: pb.PullRequest | None = None) -> list[ShardReply]:
         """Each shard's reply to its part of one push (with `pull`: PushPull),
-        by index (`shards`: only those, in that order)."""
+        by index (`shards`: only those, in that order). `per_shard`: each
+        shard's tensors and row-sparse entries (`_wire`)."""
         if pull is None:
             timeout_s, retry_on = self.rpc_timeout_s, _RETRY_PUSH
         else:  # it may wait for the step; past its deadline it waited, as a pull: not retried
@@ -269,14 +275,16 @@ class PSClient:
 
         def push_one(k: int) -> ShardReply:
             carrier = self._carrier(k, worker_rank, skip_step)
+            tensors, sparse = per_shard[k]
 
             def call() -> ShardReply:
                 # A new header for every attempt: a carrier fills in where its tensors are.
                 header = pb.PushHeader(
                     worker_rank=worker_rank, step=step, num_examples=num_examples, loss=loss,
-                    num_tensors=len(per_shard[k]), skip_step=skip_step,
+                    num_tensors=len(tensors), skip_step=skip_step,
+                    sparse=[pb.SparseTensor(name=name, num_ids=n) for name, n in sparse],
                 )
-                return carrier.push(header, per_shard[k], pull, timeout_s)
+                return carrier.push(header, tensors, pull, timeout_s)
 
             return self._call(k, call, retry_on, timeout_s)
 
@@ -294,9 +302,18 @@ class PSClient:
                   for name, array in self.plan.join(slices).items()}
         return min(reply.version for reply in replies), params
 
-    def _payload(self, grads: Mapping[str, np.ndarray]) -> int:
-        """Tensor bytes a push of `grads` sends, in the wire dtype."""
-        return sum(a.size for a in grads.values()) * self.wire_dtype.itemsize
+    def _wire(self, grads: Mapping[str, np.ndarray]) -> list[tuple[dict, list]]:
+        """Per shard: the tensors a push of `grads` carries (its slices; a
+        row-sparse one's rows and ids) and (name, k) of each row-sparse one
+        (src/towerps/sparse.py `to_wire`)."""
+        size = self.wire_dtype.itemsize
+        return [to_wire(part, size) for part in self.plan.split(grads)]
+
+    def _payload(self, per_shard: list[tuple[dict, list]]) -> int:
+        """Tensor bytes a push sends: floats in the wire dtype, ids as int64."""
+        size = self.wire_dtype.itemsize
+        return sum(a.size * (size if a.dtype.kind == "f" else a.itemsize)
+                   for tensors, _ in per_shard for a in tensors.values())
 
     def status(self, since_version: int = 0,
                logs_of: tuple[int, ...] | None = None) -> list[pb.StatusReply]:

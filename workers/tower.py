@@ -15,7 +15,11 @@ outputs), as `model.fit` takes them.
 gradient of the mean loss over the examples given for a trainable variable,
 and the variable's new value after this forward pass for float state
 (BatchNormalization's moving statistics, updated by `training=True`). Both
-combine across towers and workers as an example-weighted mean.
+combine across towers and workers as an example-weighted mean. A variable
+whose gradient TensorFlow gives as an IndexedSlices (a Keras Embedding's
+table) gets a RowSparse (src/towerps/sparse.py): the rows the batch looked
+up, each once, summed, whose `to_dense()` is bit for bit the dense gradient
+TensorFlow's own conversion makes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerps.errors import BadTensor, ConfigError
+from towerps.sparse import RowSparse
 from towerps.wire import TENSOR_ALIGNMENT
 from towerps.workers.variables import ModelVariables
 
@@ -44,6 +49,7 @@ class Tower:
                         for v in self._travelling.values()]
         self._loss = _resolve_loss(model, loss)
         self._grad_fn = None  # traced at the first batch, for any batch size
+        self._sparse: list[bool] = []  # per trainable variable: row-sparse (set by the trace)
         # Every assignment in one call: one dispatch per step, not one per variable.
         self._assign_fn = tf.function(self._assign_all)
 
@@ -107,6 +113,9 @@ class Tower:
         if missing:
             raise ConfigError(f"the loss does not depend on trainable variables {missing}; "
                               "mark them trainable=False or use them in the model's output")
+        # Known at trace time: which gradients are IndexedSlices (an Embedding's).
+        self._sparse = [isinstance(g, tf.IndexedSlices) for g in grads]
+        grads = [_summed_rows(g) if sparse else g for g, sparse in zip(grads, self._sparse)]
         return loss, grads, [v.value for v in self._state.values()]
 
     def compute_gradients(self, x, y) -> tuple[dict[str, np.ndarray], float]:
@@ -122,9 +131,28 @@ class Tower:
                 lambda t: tf.TensorSpec((None, *t.shape[1:]), t.dtype), (x, y))
             self._grad_fn = tf.function(self._gradients, input_signature=list(spec))
         loss, grads, state = self._grad_fn(x, y)
-        updates = {n: _host_array(g) for n, g in zip(self._trainable, grads)}
+        updates = {n: _row_sparse(g, v.shape[0]) if sparse else _host_array(g)
+                   for (n, v), g, sparse in zip(self._trainable.items(), grads, self._sparse)}
         updates.update((n, _host_array(s)) for n, s in zip(self._state, state))
         return updates, float(loss)
+
+
+def _summed_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """An IndexedSlices gradient (one slice per lookup, repeats included) as
+    (ids int64 [k] ascending, rows [k, *row_shape]): each looked-up row once,
+    its slices summed. unsorted_segment_sum adds a row's slices in their
+    order onto zero, as TensorFlow's own dense conversion
+    (tf.convert_to_tensor: unsorted_segment_sum over the table's rows) does:
+    the rows are that dense gradient's, bit for bit."""
+    ids, position = tf.unique(grad.indices)  # ids in order of first lookup
+    rows = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(ids)[0])
+    order = tf.argsort(ids)
+    return tf.cast(tf.gather(ids, order), tf.int64), tf.gather(rows, order)
+
+
+def _row_sparse(grad, num_rows: int) -> RowSparse:
+    ids, rows = grad
+    return RowSparse(ids.numpy(), _host_array(rows), int(num_rows))
 
 
 def _host_array(tensor) -> np.ndarray:

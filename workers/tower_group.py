@@ -28,6 +28,7 @@ row, so it stays measured.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerps.errors import ConfigError
+from towerps.sparse import RowSparse
 from towerps.workers.batches import num_examples, take
 from towerps.workers.devices import BALANCES
 from towerps.workers.tower import Tower
@@ -206,13 +208,17 @@ def _weighted_mean(results: list[tuple[dict[str, np.ndarray], float, int]]):
     """sum(n_i * g_i) / sum(n_i) per variable, in float32 on the CPU, and the same for losses.
 
     The shards weight pushes the same way, so splitting a batch over towers
-    changes nothing but rounding.
+    changes nothing but rounding. A row-sparse gradient stays row-sparse
+    (`_weighted_rows`), equal to the dense mean bit for bit.
     """
     if len(results) == 1:
         return results[0][0], results[0][1]
     total = sum(n for _, _, n in results)
     grads = {}
     for name in results[0][0]:
+        if isinstance(results[0][0][name], RowSparse):
+            grads[name] = _weighted_rows([(g[name], n) for g, _, n in results], total)
+            continue
         acc = np.zeros_like(results[0][0][name])
         for g, _, n in results:
             acc += np.float32(n) * g[name]
@@ -220,3 +226,19 @@ def _weighted_mean(results: list[tuple[dict[str, np.ndarray], float, int]]):
         grads[name] = acc
     loss = sum(loss * n for _, loss, n in results) / total
     return grads, float(loss)
+
+
+def _weighted_rows(grads: list[tuple[RowSparse, int]], total: int) -> RowSparse:
+    """`_weighted_mean` of row-sparse gradients, over the union of their ids.
+
+    The same arithmetic as the dense sum, row by row: a dense sum would add
+    n * 0 = +0.0 for a tower that did not touch a row, which changes
+    nothing here (the sum starts at +0.0, so it is never -0.0), so leaving
+    those rows out gives the dense mean's bits."""
+    ids = functools.reduce(np.union1d, [g.ids for g, _ in grads])
+    first = grads[0][0]
+    acc = np.zeros((len(ids), *first.rows.shape[1:]), np.float32)
+    for g, n in grads:
+        acc[np.searchsorted(ids, g.ids)] += np.float32(n) * g.rows
+    acc *= np.float32(1.0 / total)
+    return RowSparse(ids.astype(np.int64, copy=False), acc, first.num_rows)

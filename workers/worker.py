@@ -43,6 +43,7 @@ from towerps.workers.batches import num_examples
 from towerps.ps.checks import contribution_fault
 from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
+from towerps.sparse import RowSparse, values_of
 from towerps.workers.client import PUSH_PULL, PSClient
 from towerps.workers.data import DataSet
 from towerps.workers.redirect import Redirect, Redirects, share_rows
@@ -276,10 +277,13 @@ class Worker:
 def clip_global_norm(grads: dict, names: list[str], clipnorm: float) -> None:
     """Replace the gradients `names` in `grads` with copies scaled so their
     global L2 norm is at most `clipnorm`, in Keras' arithmetic
-    (`clip_by_global_norm`, float32). New arrays: a tower's are read-only."""
-    norm = np.sqrt(sum(np.sum(np.square(grads[n]), dtype=np.float32) for n in names),
-                   dtype=np.float32)
+    (`clip_by_global_norm`, float32). New arrays: a tower's are read-only.
+    A row-sparse gradient's norm is counted from its rows (the others are
+    zero), and it stays row-sparse."""
+    norm = np.sqrt(sum(np.sum(np.square(values_of(grads[n])), dtype=np.float32)
+                       for n in names), dtype=np.float32)
     clip = np.float32(clipnorm)
     scale = clip * np.minimum(np.float32(1) / norm, np.float32(1) / clip)
     for name in names:
-        grads[name] = grads[name] * scale
+        grad = grads[name]
+        grads[name] = grad.scaled(scale) if isinstance(grad, RowSparse) else grad * scale

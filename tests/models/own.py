@@ -69,3 +69,37 @@ def flat_classifier():
     model.compile(optimizer=keras.optimizers.SGD(0.05), metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+EMBEDDING_ROWS, EMBEDDING_WIDTH, EMBEDDING_IDS = 1000, 8, 6
+
+
+def embedding():
+    """Ids -> a plain Keras Embedding table -> a class: the table's
+    gradient is row-sparse (an IndexedSlices in TensorFlow). Seeded
+    initialisers: the same weights in every process, no global seed."""
+    ids = keras.Input((EMBEDDING_IDS,), name="ids")
+    h = keras.layers.Embedding(EMBEDDING_ROWS, EMBEDDING_WIDTH, name="table",
+                               embeddings_initializer=keras.initializers.RandomUniform(
+                                   -0.05, 0.05, seed=3))(ids)
+    h = keras.layers.Flatten()(h)
+    out = keras.layers.Dense(3, name="head",
+                             kernel_initializer=keras.initializers.GlorotUniform(seed=4))(h)
+    model = keras.Model(ids, out)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def embedding_data(num_train=512, num_test=128, seed=5):
+    """Ids drawn mostly from a few rows (repeats within a batch, most rows
+    never touched), as float32 (Keras' Embedding casts them); the label is
+    their sum modulo 3."""
+    rng = np.random.default_rng(seed)
+    n = num_train + num_test
+    ids = np.where(rng.random((n, EMBEDDING_IDS)) < 0.7,
+                   rng.integers(0, 20, (n, EMBEDDING_IDS)),
+                   rng.integers(0, EMBEDDING_ROWS, (n, EMBEDDING_IDS)))
+    x = ids.astype(np.float32)
+    y = (ids.sum(axis=1) % 3).astype(np.int32)
+    return {"train": (x[:num_train], y[:num_train]), "validation": (x[num_train:], y[num_train:])}

@@ -1,0 +1,76 @@
+"""towerps.fit with a plain Keras Embedding: the run trains (the table's
+gradient travels row-sparse) and ends where plain Keras, or one process
+averaging the workers' gradients, ends.
+
+    .venv/bin/python -m pytest tests/ray/test_fit_embedding.py
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import towerps
+from tests.models.own import embedding, embedding_data
+from towerps.sparse import RowSparse
+from towerps.workers import Tower
+from towerps.workers.inputs import ArrayData
+from towerps.workers.variables import ModelVariables
+
+pytestmark = pytest.mark.ray
+
+STEPS, BATCH, SEED = 4, 32, 3
+
+
+def build_adam():
+    model = embedding()
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def weights(model) -> dict:
+    return {k: v.numpy() for k, v in ModelVariables(model).all.items()}
+
+
+def fit(build, tmp_path, num_workers):
+    train, validation = embedding_data()["train"], embedding_data()["validation"]
+    return towerps.fit(build, train=train, validation=validation, num_workers=num_workers,
+                       num_ps=2, batch_size=BATCH, steps=STEPS, seed=SEED,
+                       run_dir=str(tmp_path / f"w{num_workers}"), progress=False)
+
+
+def per_worker_oracle(build, num_workers):
+    """One process: each worker's rows give a gradient (the table's made
+    dense), averaged by examples, applied by the model's own optimizer."""
+    model = build()
+    tower, source = Tower(model), ArrayData(*embedding_data()["train"])
+    trainable = ModelVariables(model).trainable
+    params, per = tower.get_weights(), BATCH // num_workers
+    for step in range(STEPS):
+        parts = []
+        for rank in range(num_workers):
+            tower.set_weights(params)
+            grads, _ = tower.compute_gradients(
+                *source.train_batch(step, SEED, BATCH, slice(rank * per, (rank + 1) * per)))
+            parts.append({n: g.to_dense() if isinstance(g, RowSparse) else g
+                          for n, g in grads.items()})
+        mean = {n: sum(p[n] for p in parts) / np.float32(num_workers) for n in trainable}
+        tower.set_weights(params)
+        model.optimizer.apply_gradients([(mean[n], v) for n, v in trainable.items()])
+        params = weights(model)
+    return params
+
+
+@pytest.mark.parametrize("build", [embedding, build_adam], ids=["sgd", "adam"])
+def test_two_workers_train_an_embedding_to_the_one_process_weights(ray_cluster, tmp_path,
+                                                                    build):
+    result = fit(build, tmp_path, num_workers=2)
+    want, start = per_worker_oracle(build, 2), weights(build())
+    got = weights(result.model)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    assert any(np.abs(want[n] - start[n]).max() > 1e-3 for n in want)  # it trained
+    # Pulls are dense (each worker the whole model a step), pushes row-sparse:
+    # dense pushes would make it twice the pulls.
+    model_bytes = sum(w.nbytes for w in start.values())
+    assert 2 * model_bytes <= result.summary.wire_bytes_per_step < 2.5 * model_bytes
