@@ -15,9 +15,9 @@ Three systems, each what exists today:
            warm-up (the shards' step log), wire bytes per step (summary.json,
            counted by the workers, and workers.json), and the peak RSS of the
            workers and the shards (VmHWM of the pids in placement.json,
-           sampled while the run goes on). A run that fails is recorded with
-           its error: plain `Embedding` layers give IndexedSlices gradients,
-           which the dense wire path does not take yet;
+           sampled while the run goes on). The tables' gradients are pushed
+           row-sparse (their looked-up rows and ids), the parameters pulled
+           whole. A run that fails is recorded with its error;
   tf_pss   `tf.distribute.ParameterServerStrategy` on the same DLRM and data:
            2 worker and 2 ps servers (benchmarks/peers.py's), a chief
            scheduling half-batch steps; asynchronous by design.
@@ -26,7 +26,8 @@ What a row-sparse path would move per global batch is counted from the
 data: each worker pulls and pushes only the rows its part of the batch
 touches, 2 x unique rows x (16 x 4 bytes + an 8-byte row index), plus the
 dense layers in full, against the dense path (every parameter both ways,
-every worker).
+every worker); towerps' own bytes lie between the two (a sparse push, a
+dense pull).
 
 --tiny: MovieLens for one epoch, the DLRM at 1,000 rows for 2 + 4 steps of
 64, and no tf_pss unless --systems names it (its cluster alone takes ~20 s

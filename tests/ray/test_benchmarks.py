@@ -200,8 +200,8 @@ def test_hostile(tmp_path):
 
 def test_embeddings(tmp_path):
     """MovieLens MF for one epoch in one process, and the DLRM at 1,000 rows a
-    table through towerps (2 x 2): its rate and bytes if it ran, its error if
-    plain Embedding layers still fail there; the touched rows' bytes either way."""
+    table through towerps (2 x 2): its rate, peak memory and bytes, which lie
+    between the touched rows' (all sparse) and every parameter both ways."""
     result = run_bench("embeddings", tmp_path)
     inputs, figures = result["inputs"], result["figures"]
     assert inputs["rows_per_table"] == [1000] and inputs["systems"] == ["keras", "towerps"]
@@ -218,10 +218,10 @@ def test_embeddings(tmp_path):
     assert touched["sparse_wire_bytes_per_step"] < touched["dense_wire_bytes_per_step"]
     run = entry["towerps"]
     assert run["worker_peak_rss_bytes"] > 0 and run["shard_peak_rss_bytes"] > 0
-    if run["status"] == "failed":
-        assert "IndexedSlices" in run["error"], run["error"]
-    else:
-        assert run["status"] == "ran" and run["steps"] == run["steps_asked"] == 6
-        assert run["steps_per_s"] > 0 and run["num_parameters"] == 26 * 16_000 + dense_parameters
-        assert 0 < run["wire_bytes_per_step"] <= touched["dense_wire_bytes_per_step"]
-        assert run["workers_json_bytes_per_step"] == run["wire_bytes_per_step"]
+    assert run["status"] == "ran", run.get("error")
+    assert run["steps"] == run["steps_asked"] == 6 and run["steps_per_s"] > 0
+    assert run["num_parameters"] == 26 * 16_000 + dense_parameters
+    # Counted by the workers: the tables' gradients go row-sparse, the pulls whole.
+    wire = run["wire_bytes_per_step"]
+    assert touched["sparse_wire_bytes_per_step"] < wire < touched["dense_wire_bytes_per_step"]
+    assert run["workers_json_bytes_per_step"] == wire
