@@ -1,7 +1,9 @@
 """Workers: models, data sets, towers, the PS client and the worker loop.
 
 Public API: `load_dataset`, `build_model`, `Tower`, `PSClient`, `Worker`,
-`WorkerSpec`. This package never imports Ray.
+`WorkerSpec`; for embedding models, `load_movielens` (MovieLens-100k
+ratings) and `make_criteo_synthetic` (Criteo-shaped click data). This
+package never imports Ray.
 
 The exports load lazily, each from its module on first use: a process that
 only talks to shards (`PSClient`) or reads data must not pay for importing
@@ -16,6 +18,8 @@ _EXPORTS = {
     "DATASETS": "data",
     "DataSet": "data",
     "load_dataset": "data",
+    "load_movielens": "movielens",
+    "make_criteo_synthetic": "criteo",
     "DEFAULT_MODEL": "catalog",
     "MODELS": "catalog",
     "build_model": "models",

@@ -198,3 +198,32 @@ def test_hostile(tmp_path):
         if name in figures["not_run"]:  # not root: nobody's flood is not run
             continue
         assert cases[name]["quiet_before"]["steps"] > 0 and cases[name]["rate_ratio"] >= 0
+
+
+def test_embeddings(tmp_path):
+    """MovieLens MF for one epoch in one process, and the DLRM at 1,000 rows a
+    table through towerps (2 x 2): its rate, peak memory and bytes, which lie
+    between the touched rows' (all sparse) and every parameter both ways."""
+    result = run_bench("embeddings", tmp_path)
+    inputs, figures = result["inputs"], result["figures"]
+    assert inputs["rows_per_table"] == [1000] and inputs["systems"] == ["keras", "towerps"]
+    movielens = figures["movielens"]
+    assert (movielens["train_ratings"], movielens["test_ratings"]) == (90_000, 10_000)
+    assert movielens["steps"] == 352 and movielens["steps_per_s"] > 0  # one epoch of 256
+    assert 0.8 < movielens["test_rmse"] < 1.12  # below the mean rating's 1.13
+    entry = figures["dlrm"]["1000"]
+    touched = entry["touched"]
+    # Every parameter both ways for each of 2 workers: 26 tables of 1,000 x 16 and the MLPs.
+    dense_parameters = touched["dense_parameters"]
+    assert touched["dense_wire_bytes_per_step"] == 2 * 2 * (26 * 1000 * 16 + dense_parameters) * 4
+    assert 26 <= touched["unique_rows_per_global_batch"] <= 26 * 64  # --tiny: batch 64
+    assert touched["sparse_wire_bytes_per_step"] < touched["dense_wire_bytes_per_step"]
+    run = entry["towerps"]
+    assert run["worker_peak_rss_bytes"] > 0 and run["shard_peak_rss_bytes"] > 0
+    assert run["status"] == "ran", run.get("error")
+    assert run["steps"] == run["steps_asked"] == 6 and run["steps_per_s"] > 0
+    assert run["num_parameters"] == 26 * 16_000 + dense_parameters
+    # Counted by the workers: the tables' gradients go row-sparse, the pulls whole.
+    wire = run["wire_bytes_per_step"]
+    assert touched["sparse_wire_bytes_per_step"] < wire < touched["dense_wire_bytes_per_step"]
+    assert run["workers_json_bytes_per_step"] == wire

