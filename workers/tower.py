@@ -211,11 +211,21 @@ def _ids_model(model: keras.Model, variables: ModelVariables):
             raise ValueError(f"Embedding layers {shared} are called more than once")
         outputs = [layer.input for layer in layers]
         keys = [variables.key_of(layer.embeddings) for layer in layers]
-        return keras.Model(model.input, outputs), keys
+        return keras.Model(_inputs(model), outputs), keys
     except (AttributeError, ValueError, KeyError) as err:
         logger.info("model %r: the inputs of its Embedding layers cannot be read from its "
                     "inputs (%s); its tables are pulled whole every step", model.name, err)
         return None, []
+
+
+def _inputs(model: keras.Model):
+    """The model's inputs in the structure it is called with (a Sequential
+    built from an Input has `inputs` but no `input`)."""
+    try:
+        return model.input
+    except (AttributeError, ValueError):
+        inputs = model.inputs
+        return inputs[0] if len(inputs) == 1 else inputs
 
 
 def _shape(value) -> tuple:
