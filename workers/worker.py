@@ -229,19 +229,7 @@ class Worker:
         on, or None once the run is over."""
         spec = self.spec
         t0 = time.perf_counter()
-        pulled, self._pulled = self._pulled, None
-        if pulled is not None:  # the answer of pull(wanted), brought by the last push
-            version, params, rows_for = pulled
-        else:
-            predicted = wanted if spec.mode.batches_by_version else own_step
-            rows = self._rows_for(predicted)
-            version, params = self._pull(wanted, rows)
-            rows_for = None if rows is None else predicted
-        data_step = version if spec.mode.batches_by_version else own_step
-        if rows_for is not None and rows_for != data_step and wanted <= version < spec.final_version:
-            # The rows are another batch's (this worker was late): the tables whole.
-            version, params = self._pull(version, None)
-            data_step = version if spec.mode.batches_by_version else own_step
+        version, params, data_step = self._pull_step(wanted, own_step)
         if version < wanted or version >= spec.final_version:
             report.pull_s += time.perf_counter() - t0
             return None
@@ -269,6 +257,27 @@ class Worker:
         report.pushes_dropped += PushOutcome.DROPPED in outcomes
         report.losses.append(loss)
         return version
+
+    def _pull_step(self, wanted: int, own_step: int) -> tuple[int, dict, int]:
+        """(version >= wanted, its parameters, the data step it trains on):
+        what the last push brought back, or a pull; of the tables, the rows
+        of the batch it trains on when the tables hold a whole pull's values."""
+        by_version = self.spec.mode.batches_by_version
+        pulled, self._pulled = self._pulled, None
+        if pulled is not None:  # the answer of pull(wanted), brought by the last push
+            version, params, rows_for = pulled
+        else:
+            predicted = wanted if by_version else own_step
+            rows = self._rows_for(predicted)
+            version, params = self._pull(wanted, rows)
+            rows_for = None if rows is None else predicted
+        data_step = version if by_version else own_step
+        if (rows_for is not None and rows_for != data_step
+                and wanted <= version < self.spec.final_version):
+            # The rows are another batch's (this worker was late): the tables whole.
+            version, params = self._pull(version, None)
+            data_step = version if by_version else own_step
+        return version, params, data_step
 
     def _pull(self, min_version: int, rows) -> tuple[int, dict]:
         """The client's pull; of the tables only `rows` ({key: ids}) when given."""

@@ -16,7 +16,7 @@ from towerps.proto import towerps_pb2 as pb
 from towerps.ps.placement import plan_placement
 from towerps.sparse import RowSparse, checked_rows, selected_rows
 from towerps.wire import TensorSpec
-from towerps.workers import Tower
+from towerps.workers import Tower, Worker, WorkerSpec
 
 pytestmark = pytest.mark.unit
 
@@ -216,3 +216,76 @@ def test_pulled_rows_are_scattered_into_the_table_and_nothing_else_changes(batch
     with pytest.raises((BadTensor, ValueError)):
         tower.set_weights({**new, key: other})
     assert tower.get_weights()[key].tobytes() == want.tobytes()
+
+
+# -- the worker: which pulls name rows ----------------------------------------------
+
+class Client:
+    """A PSClient's pull and push, recording each pull's (min_version, rows);
+    `late`: the versions a row pull for them answers one later (a late worker)."""
+
+    wire_dtype = np.dtype("float32")
+    bytes_sent = bytes_received = 0
+
+    def __init__(self, late=()):
+        self.pulls, self.version, self.late = [], 0, set(late)
+
+    def pull(self, min_version, timeout_s, rows=None):
+        self.pulls.append((min_version, None if rows is None else rows["t"].tolist()))
+        version = max(self.version, min_version)
+        if rows is not None and min_version in self.late:
+            version = self.version = min_version + 1
+        return version, {"t": np.zeros((100, 1), np.float32)}
+
+    def push(self, rank, step, grads, examples, loss):
+        self.version = step + 1
+        return []
+
+
+class FakeTower:
+    has_tables = True
+    trainable_names = ["t"]
+
+    def __init__(self):
+        self.batches = []
+
+    def set_weights(self, params, adopt=False):
+        pass
+
+    def row_ids(self, x):
+        return {"t": np.unique(x.astype(np.int64))}
+
+    def compute_gradients(self, x, y):
+        self.batches.append(int(x[0, 0]))
+        return {"t": np.zeros((100, 1), np.float32)}, 0.5
+
+
+class Batches:
+    def train_batch(self, step, seed, batch_size, part):
+        return np.array([[step], [step + 10]], np.float32), np.zeros(2, np.int32)
+
+
+def run_worker(client, steps=4, has_tables=True):
+    tower = FakeTower()
+    tower.has_tables = has_tables
+    spec = WorkerSpec(0, 1, 2, steps, seed=0, push_pull="separate")
+    Worker(spec, Batches(), tower, client).run()
+    return tower.batches
+
+
+def test_a_worker_pulls_whole_first_then_the_rows_of_the_batch_it_trains_on():
+    client = Client()
+    assert run_worker(client) == [0, 1, 2, 3]
+    assert client.pulls == [(0, None), (1, [1, 11]), (2, [2, 12]), (3, [3, 13])]
+
+
+def test_a_row_pull_that_lands_on_another_batchs_version_is_pulled_again_whole():
+    client = Client(late={2})
+    assert run_worker(client) == [0, 1, 3]
+    assert client.pulls == [(0, None), (1, [1, 11]), (2, [2, 12]), (3, None)]
+
+
+def test_a_tower_without_tables_never_names_rows():
+    client = Client()
+    run_worker(client, has_tables=False)
+    assert [rows for _, rows in client.pulls] == [None] * 4
