@@ -127,6 +127,7 @@ class PSClient:
             )
         self.addresses = list(addresses)
         self.plan = plan
+        self._no_rows = [{}] * plan.num_shards  # a pull of whole variables from every shard
         self.wire_dtype = WIRE_DTYPES[wire_dtype]
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts
@@ -215,7 +216,7 @@ class PSClient:
         `rows` ({variable: int64 ids, ascending without repeats}): of those
         variables only these rows travel, and each comes back as a
         RowSparse(ids, rows, num_rows) of the version's rows (float32)."""
-        ids = self.plan.split_ids(rows or {})
+        ids = self.plan.split_ids(rows) if rows else self._no_rows
         requests = self._pull_requests(ids, min_version=min_version, timeout_s=timeout_s)
 
         def pull_one(k: int) -> ShardReply:
@@ -229,6 +230,8 @@ class PSClient:
     def _pull_requests(self, ids: list[dict[str, np.ndarray]], **fields) -> list[pb.PullRequest]:
         """Each shard's PullRequest: `fields`, and the rows of its slices in `ids`."""
         wire_dtype = wire_code(self.wire_dtype)
+        if not any(ids):  # whole variables: one request for every shard
+            return [pb.PullRequest(wire_dtype=wire_dtype, **fields)] * len(ids)
         return [pb.PullRequest(wire_dtype=wire_dtype, **fields,
                                rows=[pb.RowRequest(name=n, ids=i) for n, i in part.items()])
                 for part in ids]
@@ -261,7 +264,7 @@ class PSClient:
         (then PullTimeout, not retried: as `pull`). A retry after a lost
         answer (UNAVAILABLE) is exactly-once as `push`'s and gets the
         parameters all the same. `rows`: as `pull`'s."""
-        ids = self.plan.split_ids(rows or {})
+        ids = self.plan.split_ids(rows) if rows else self._no_rows
         requests = self._pull_requests(ids, timeout_s=timeout_s)
         per_shard = self._wire(grads)
         replies = self._push_all(worker_rank, step, per_shard, num_examples, loss, pulls=requests)
