@@ -120,17 +120,27 @@ class PushReply(_message.Message):
     version: int
     def __init__(self, outcome: _Optional[_Union[PushReply.Outcome, str]] = ..., version: _Optional[int] = ...) -> None: ...
 
+class RowRequest(_message.Message):
+    __slots__ = ("name", "ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class PullRequest(_message.Message):
-    __slots__ = ("min_version", "timeout_s", "wire_dtype", "segment")
+    __slots__ = ("min_version", "timeout_s", "wire_dtype", "segment", "rows")
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     min_version: int
     timeout_s: float
     wire_dtype: DType
     segment: str
-    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ..., wire_dtype: _Optional[_Union[DType, str]] = ..., segment: _Optional[str] = ...) -> None: ...
+    rows: _containers.RepeatedCompositeFieldContainer[RowRequest]
+    def __init__(self, min_version: _Optional[int] = ..., timeout_s: _Optional[float] = ..., wire_dtype: _Optional[_Union[DType, str]] = ..., segment: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowRequest, _Mapping]]] = ...) -> None: ...
 
 class PullHeader(_message.Message):
     __slots__ = ("version", "num_tensors", "shared", "push")

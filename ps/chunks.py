@@ -13,7 +13,9 @@ the shard's read-only snapshot of the version, one copy of each byte into
 its message. In sync mode with more than one worker, every worker pulls
 every version: the first pull encodes it and the same messages answer the
 others (held until the next version, one more copy of the parameters'
-bytes). Otherwise a pull encodes lazily, a message at a time. Thread-safe.
+bytes). Otherwise a pull encodes lazily, a message at a time, and so does
+a pull that asks for some rows of a table (PullRequest.rows): its own rows,
+copied out of the snapshot, then encoded. Thread-safe.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from towerps.ps.limits import IdleWatch
 from towerps.ps.shard import Shard
 from towerps.ps.stats import Traffic
 from towerps.ps.transport import PullPlan
+from towerps.sparse import selected_rows
 
 
 class ShardChunks:
@@ -53,7 +56,11 @@ class ShardChunks:
         nothing for `idle_stream_s` has its call cancelled."""
         version, params = self._shard.pull(plan.min_version, call.wait_s(plan.timeout_s),
                                            call.ended(self._shard.wake))
-        messages = self._messages(version, params, plan.wire_dtype, push)
+        if plan.rows:  # this caller's rows: its own messages, encoded as they go
+            messages = self._own_messages(version, selected_rows(params, plan.rows),
+                                          plan.wire_dtype, push)
+        else:
+            messages = self._messages(version, params, plan.wire_dtype, push)
         stream = self._idle.track(call.cancel)
         try:
             for message in messages:
@@ -70,16 +77,24 @@ class ShardChunks:
         encode again. With `push` the header is this call's own, the
         chunks the shared ones."""
         if not self._share_encoding:
-            messages = pull_stream(version, params, wire_dtype)
-        else:
-            with self._encode_lock:
-                cached = self._encoded.get(wire_dtype)
-                if cached is None or cached[0] != version:
-                    encoded = list(pull_stream(version, params, wire_dtype))
-                    cached = self._encoded[wire_dtype] = (version, encoded)
-                messages = cached[1]
+            return self._own_messages(version, params, wire_dtype, push)
+        with self._encode_lock:
+            cached = self._encoded.get(wire_dtype)
+            if cached is None or cached[0] != version:
+                encoded = list(pull_stream(version, params, wire_dtype))
+                cached = self._encoded[wire_dtype] = (version, encoded)
+            messages = cached[1]
         if push is None:
             return messages
         chunks = iter(messages)
         next(chunks)  # the shared header, without the push's reply
         return itertools.chain([pull_header(version, len(params), push)], chunks)
+
+    @staticmethod
+    def _own_messages(version, params, wire_dtype, push):
+        """The messages of `params` for one call alone, encoded lazily."""
+        messages = pull_stream(version, params, wire_dtype)
+        if push is None:
+            return messages
+        next(messages)  # the header, without the push's reply
+        return itertools.chain([pull_header(version, len(params), push)], messages)

@@ -41,7 +41,10 @@ and within the contribution rule (a value too large to sum safely).
                                              negative (a longer one is clamped to
                                              max_wait_s), a wire dtype not a float's, a
                                              segment name not a pull segment of this run and
-                                             shard; PERMISSION_DENIED: another rank's segment;
+                                             shard, row ids (`rows`) of a variable not held
+                                             here or named twice, negative, beyond its rows,
+                                             repeated, unsorted or more than its rows;
+                                             PERMISSION_DENIED: another rank's segment;
                                              FAILED_PRECONDITION: a version further ahead
                                              of the shard's than Mode.pull_lead (1; ssp: its
                                              staleness bound); RESOURCE_EXHAUSTED: a Pull
@@ -104,7 +107,7 @@ from towerps.ps.guard import Call
 from towerps.ps.limits import IdleWatch, ShardLimits, checked_wait
 from towerps.ps.shard import PushOutcome, PushResult, Shard
 from towerps.ps.transport import PullPlan, ShardCarrier
-from towerps.sparse import from_wire, wire_specs
+from towerps.sparse import checked_rows, from_wire, wire_specs
 from towerps.wire import pull_wire_dtype
 
 _GATE_WAIT_S = 300.0  # the ssp gate's wait when the caller set no deadline
@@ -133,6 +136,8 @@ class Pipeline:
         self._idle = idle
         self._chunks = chunks
         self._segments = segments
+        # The most row ids a pull may ask for here: every row of every variable.
+        self._max_ids = sum(s.shape[0] for s in shard.specs.values() if s.shape)
 
     def push(self, requests: Iterable, call: Call, then_pull: bool = False,
              shared: bool = False) -> CheckedPush:
@@ -144,7 +149,7 @@ class Pipeline:
         stream = self._idle.track(call.cancel)
         try:
             parts = _reading(stream, requests)
-            header = read_header(parts, "Push", len(self._shard.specs))
+            header = read_header(parts, "Push", len(self._shard.specs), self._max_ids)
             call.check_may_push_as(header.worker_rank)
             if shared:
                 _check_shared(header, then_pull)
@@ -209,8 +214,9 @@ class Pipeline:
         if request.segment:  # whose it is, before any wait: a name only, nothing opened
             segment = self._same_node().pull_segment(request.segment)
             call.check_may_push_as(segment.rank)
+        rows = checked_rows(self._shard.specs, request.rows)
         self._check_lead(min_version)
-        return PullPlan(min_version, timeout_s, wire_dtype, segment)
+        return PullPlan(min_version, timeout_s, wire_dtype, segment, rows)
 
     def _check_lead(self, min_version: int) -> None:
         """StepMismatch for a pull of a version further ahead of the

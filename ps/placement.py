@@ -3,6 +3,8 @@
     plan = plan_placement({"local3/kernel": (2304, 384), ...}, num_shards=4)
     per_shard = plan.split(grads)        # [{slice name: array view}, ...]
     params = plan.join(pulled_slices)    # {variable: array}
+    per_shard = plan.split_ids({"0000/embeddings": ids})   # [{slice name: ids}, ...]
+    params = plan.join_rows(pulled_slices, ids_by_slice)   # tables as RowSparse
 
 A variable larger than `slice_bytes` is cut along its first axis into
 slices of about `slice_bytes` each (as TensorFlow's min-size partitioner
@@ -75,6 +77,50 @@ class PlacementPlan:
             else:
                 per_shard[s.shard][s.name] = array[s.start:s.stop]
         return per_shard
+
+    def split_ids(self, ids: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Row ids of whole variables ({variable: int64 ids, ascending}) as
+        each shard's ids of its slices, counted from each slice's start. A
+        slice none of whose rows is wanted is still named (with no ids): its
+        variable then comes as rows from every slice, never in part whole."""
+        per_shard: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_shards)]
+        for s in self.slices:
+            wanted = ids.get(s.variable)
+            if wanted is not None:
+                lo, hi = np.searchsorted(wanted, [s.start, s.stop])
+                per_shard[s.shard][s.name] = wanted[lo:hi] - s.start
+        return per_shard
+
+    def join_rows(self, parts: Mapping[str, np.ndarray],
+                  ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`join`, where the slices named in `ids` ({slice name: its ids, as
+        `split_ids` made them}) are rows of those ids: each such variable
+        comes back as a RowSparse of the whole variable (ids from 0). BadTensor
+        when a slice's rows are not one per id."""
+        if not ids:
+            return self.join(parts)
+        dense = {n: a for n, a in parts.items() if n not in ids}
+        out = self.join(dense, present_only=True)
+        tables: dict[str, list[Slice]] = {}
+        for s in self.slices:
+            if s.name in ids:
+                tables.setdefault(s.variable, []).append(s)
+            elif s.variable not in out:
+                raise BadTensor(f"slices missing from the pulled parameters: {[s.name]}")
+        for variable, slices in tables.items():
+            slices.sort(key=lambda s: s.start)
+            row_shape = getattr(parts.get(slices[0].name), "shape", (0,))[1:]
+            for s in slices:
+                rows = parts.get(s.name)
+                if (rows is None or rows.ndim < 1 or len(rows) != len(ids[s.name])
+                        or rows.shape[1:] != row_shape):
+                    got = None if rows is None else rows.shape
+                    raise BadTensor(f"a shard answered {len(ids[s.name])} rows of {s.name!r} "
+                                    f"with a tensor of shape {got}")
+            out[variable] = RowSparse(
+                np.concatenate([ids[s.name] + s.start for s in slices]),
+                np.concatenate([parts[s.name] for s in slices]), slices[-1].stop)
+        return out
 
     def join(self, parts: Mapping[str, np.ndarray],
              present_only: bool = False) -> dict[str, np.ndarray]:

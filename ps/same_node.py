@@ -35,6 +35,7 @@ from towerps.ps.shard import Shard
 from towerps.ps.stats import Traffic
 from towerps.ps.transport import PullPlan
 from towerps.shm import SegmentName, open_segment, read_tensors, write_tensors
+from towerps.sparse import selected_rows
 
 
 class ShardSegments:
@@ -82,6 +83,7 @@ class ShardSegments:
 
     def _write(self, plan: PullPlan, params: Mapping[str, np.ndarray]) -> Sequence[pb.SharedTensor]:
         """Write `params` into the plan's (checked) pull segment; their descriptions."""
+        params = selected_rows(params, plan.rows)  # the rows asked for, copied (k rows)
         fd, size = open_segment(plan.segment, writable=True)
         try:
             shared = write_tensors(fd, params, plan.wire_dtype, size)

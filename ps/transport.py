@@ -89,6 +89,9 @@ class PullPlan:
     timeout_s: float  # checked, and clamped to the shard's max_wait_s
     wire_dtype: np.dtype | None  # None: as stored
     segment: SegmentName | None = None  # the caller's pull segment, checked; None: chunks
+    # Variables of which only these rows are sent ({name: int64 ids}, checked);
+    # empty: every variable whole.
+    rows: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 class ShardCarrier(Protocol):

@@ -49,7 +49,9 @@ float32, and pulled parameters are widened to float32 here.
 
 A row-sparse gradient (an Embedding's, src/towerps/sparse.py) travels as
 the rows it touched and their int64 ids, each slice's own, when that is
-smaller than the whole variable; pulls always bring whole variables.
+smaller than the whole variable. A pull (or push_pull) given `rows` asks
+each shard for those rows of those variables alone (PullRequest.rows) and
+hands them back as a RowSparse per variable; every other variable whole.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ from towerps.ps.placement import PlacementPlan
 from towerps.ps.shard import PushOutcome
 from towerps.ps.stats import COUNTERS_ONLY
 from towerps.ps.transport import Carrier, ShardReply, error_of
-from towerps.sparse import to_wire
+from towerps.sparse import RowSparse, to_wire
 from towerps.tls import TLS_OPTIONS, channel_credentials
 from towerps.wire import GRPC_OPTIONS, WIRE_DTYPES, widened, wire_code
 from towerps.workers.chunks import ChunkCarrier
@@ -125,6 +127,7 @@ class PSClient:
             )
         self.addresses = list(addresses)
         self.plan = plan
+        self._no_rows = [{}] * plan.num_shards  # a pull of whole variables from every shard
         self.wire_dtype = WIRE_DTYPES[wire_dtype]
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts
@@ -211,19 +214,33 @@ class PSClient:
             return self._chunks[k]
         return segments
 
-    def pull(self, min_version: int, timeout_s: float) -> tuple[int, dict[str, np.ndarray]]:
+    def pull(self, min_version: int, timeout_s: float,
+             rows: Mapping[str, np.ndarray] | None = None) -> tuple[int, dict[str, np.ndarray]]:
         """Block until every shard holds version >= min_version; return the whole
-        float32 variables and the lowest shard version (in sync mode all are equal)."""
-        request = pb.PullRequest(
-            min_version=min_version, timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype)
-        )
+        float32 variables and the lowest shard version (in sync mode all are equal).
+
+        `rows` ({variable: int64 ids, ascending without repeats}): of those
+        variables only these rows travel, and each comes back as a
+        RowSparse(ids, rows, num_rows) of the version's rows (float32)."""
+        ids = self.plan.split_ids(rows) if rows else self._no_rows
+        requests = self._pull_requests(ids, min_version=min_version, timeout_s=timeout_s)
 
         def pull_one(k: int) -> ShardReply:
             carrier = self._carrier(k)
             call_s = timeout_s + _ANSWER_MARGIN_S
-            return self._call(k, lambda: carrier.pull(request, call_s), _RETRY_ALWAYS, call_s)
+            return self._call(k, lambda: carrier.pull(requests[k], call_s), _RETRY_ALWAYS,
+                              call_s)
 
-        return self._joined(self._fan_out(pull_one))
+        return self._joined(self._fan_out(pull_one), ids)
+
+    def _pull_requests(self, ids: list[dict[str, np.ndarray]], **fields) -> list[pb.PullRequest]:
+        """Each shard's PullRequest: `fields`, and the rows of its slices in `ids`."""
+        wire_dtype = wire_code(self.wire_dtype)
+        if not any(ids):  # whole variables: one request for every shard
+            return [pb.PullRequest(wire_dtype=wire_dtype, **fields)] * len(ids)
+        return [pb.PullRequest(wire_dtype=wire_dtype, **fields,
+                               rows=[pb.RowRequest(name=n, ids=i) for n, i in part.items()])
+                for part in ids]
 
     def push(
         self,
@@ -244,7 +261,7 @@ class PSClient:
 
     def push_pull(
         self, worker_rank: int, step: int, grads: Mapping[str, np.ndarray], num_examples: int,
-        loss: float, timeout_s: float,
+        loss: float, timeout_s: float, rows: Mapping[str, np.ndarray] | None = None,
     ) -> PushPullResult:
         """`push`, and in the same call per shard (PushPull) `pull` of the
         first version after `step`: (outcomes, version, parameters) as those
@@ -252,12 +269,13 @@ class PSClient:
         run ended: the version is then below step + 1), at most `timeout_s`
         (then PullTimeout, not retried: as `pull`). A retry after a lost
         answer (UNAVAILABLE) is exactly-once as `push`'s and gets the
-        parameters all the same."""
-        request = pb.PullRequest(timeout_s=timeout_s, wire_dtype=wire_code(self.wire_dtype))
+        parameters all the same. `rows`: as `pull`'s."""
+        ids = self.plan.split_ids(rows) if rows else self._no_rows
+        requests = self._pull_requests(ids, timeout_s=timeout_s)
         per_shard = self._wire(grads)
-        replies = self._push_all(worker_rank, step, per_shard, num_examples, loss, pull=request)
+        replies = self._push_all(worker_rank, step, per_shard, num_examples, loss, pulls=requests)
         self._count(sent=self._payload(per_shard))
-        version, params = self._joined(replies)
+        version, params = self._joined(replies, ids)
         return PushPullResult([reply.outcome for reply in replies], version, params)
 
     def skip(self, worker_rank: int, step: int) -> list[PushOutcome]:
@@ -269,14 +287,14 @@ class PSClient:
 
     def _push_all(self, worker_rank, step, per_shard, num_examples, loss, skip_step=False,
                   shards: Sequence[int] | None = None,
-                  pull: pb.PullRequest | None = None) -> list[ShardReply]:
-        """Each shard's reply to its part of one push (with `pull`: PushPull),
-        by index (`shards`: only those, in that order). `per_shard`: each
-        shard's tensors and row-sparse entries (`_wire`)."""
-        if pull is None:
+                  pulls: list[pb.PullRequest] | None = None) -> list[ShardReply]:
+        """Each shard's reply to its part of one push (with `pulls`, each
+        shard's pull: PushPull), by index (`shards`: only those, in that
+        order). `per_shard`: each shard's tensors and row-sparse entries (`_wire`)."""
+        if pulls is None:
             timeout_s, retry_on = self.rpc_timeout_s, _RETRY_PUSH
         else:  # it may wait for the step; past its deadline it waited, as a pull: not retried
-            timeout_s = max(self.rpc_timeout_s, pull.timeout_s + _ANSWER_MARGIN_S)
+            timeout_s = max(self.rpc_timeout_s, pulls[0].timeout_s + _ANSWER_MARGIN_S)
             retry_on = _RETRY_ALWAYS
 
         def push_one(k: int) -> ShardReply:
@@ -290,7 +308,8 @@ class PSClient:
                     num_tensors=len(tensors), skip_step=skip_step,
                     sparse=[pb.SparseTensor(name=name, num_ids=n) for name, n in sparse],
                 )
-                return carrier.push(header, tensors, pull, timeout_s)
+                return carrier.push(header, tensors, None if pulls is None else pulls[k],
+                                    timeout_s)
 
             return self._call(k, call, retry_on, timeout_s)
 
@@ -298,14 +317,19 @@ class PSClient:
             return [push_one(k) for k in shards]
         return self._fan_out(push_one)
 
-    def _joined(self, replies: Sequence[ShardReply]) -> tuple[int, dict[str, np.ndarray]]:
-        """Each shard's pulled slices -> (the lowest version, whole float32 variables)."""
+    def _joined(self, replies: Sequence[ShardReply], ids: Sequence[Mapping] = ()
+                ) -> tuple[int, dict[str, np.ndarray]]:
+        """Each shard's pulled slices -> (the lowest version, whole float32
+        variables; a variable pulled by rows, `ids` per shard, a RowSparse).
+        A row pull's bytes are its rows' and their ids' (sent in the request)."""
         slices: dict[str, np.ndarray] = {}
         for reply in replies:
             slices.update(reply.tensors)
-        self._count(received=sum(a.nbytes for a in slices.values()))
-        params = {name: widened(array, np.float32)
-                  for name, array in self.plan.join(slices).items()}
+        wanted = {name: i for part in ids for name, i in part.items()}
+        self._count(received=sum(a.nbytes for a in slices.values())
+                    + sum(i.nbytes for i in wanted.values()))
+        joined = self.plan.join_rows(slices, wanted)
+        params = {name: _widened(value) for name, value in joined.items()}
         return min(reply.version for reply in replies), params
 
     def _wire(self, grads: Mapping[str, np.ndarray]) -> list[tuple[dict, list]]:
@@ -410,6 +434,13 @@ class PSClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _widened(value):
+    """A pulled variable, or a RowSparse's rows, in float32."""
+    if isinstance(value, RowSparse):
+        return RowSparse(value.ids, widened(value.rows, np.float32), value.num_rows)
+    return widened(value, np.float32)
 
 
 class _OverloadBackoff:

@@ -1,8 +1,9 @@
 """A tower: one model replica on one device that computes gradients.
 
     tower = Tower(model, device="/CPU:0")
-    tower.set_weights(params)                 # {variable key: array}
+    tower.set_weights(params)                 # {variable key: array, or RowSparse of rows}
     updates, loss = tower.compute_gradients(x, y)
+    ids = tower.row_ids(x)                    # {table key: int64 ids x looks up}, or None
 
 Variables are keyed by the model's structure (workers/variables.py). The
 loss is the model's own: what `model.compile(loss=...)` set, summed over
@@ -20,10 +21,22 @@ whose gradient TensorFlow gives as an IndexedSlices (a Keras Embedding's
 table) gets a RowSparse (src/towerps/sparse.py): the rows the batch looked
 up, each once, summed, whose `to_dense()` is bit for bit the dense gradient
 TensorFlow's own conversion makes.
+
+Row pulls: a worker that knows which rows of each table its next batch
+looks up (`row_ids`) pulls those alone and hands them to `set_weights` as a
+RowSparse, which is scattered into the table; the other rows keep what they
+held, which the batch does not read. `row_ids` runs an "ids model", built
+once from a functional or Sequential model: its inputs to each Embedding
+layer's input, without gradients. A table counts once its first gradient
+was row-sparse (an IndexedSlices: nothing but lookups read it, no
+regulariser, no tied weights). A model whose Embedding inputs the
+functional graph does not expose (subclassed, a layer called twice, a
+nested model) pulls its tables whole: logged once.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import keras
@@ -34,6 +47,8 @@ from towerps.errors import BadTensor, ConfigError
 from towerps.sparse import RowSparse
 from towerps.wire import TENSOR_ALIGNMENT
 from towerps.workers.variables import ModelVariables
+
+logger = logging.getLogger(__name__)
 
 
 class Tower:
@@ -51,7 +66,10 @@ class Tower:
         self._grad_fn = None  # traced at the first batch, for any batch size
         self._sparse: list[bool] = []  # per trainable variable: row-sparse (set by the trace)
         # Every assignment in one call: one dispatch per step, not one per variable.
-        self._assign_fn = tf.function(self._assign_all)
+        # A table's rows (RowSparse) are scattered; their count changes every step.
+        self._assign_fn = tf.function(self._assign_all, reduce_retracing=True)
+        self._ids_model, self._tables = _ids_model(model, self.variables)
+        self._ids_fn = None  # traced at the first row_ids, for any batch size
 
     @property
     def variable_names(self) -> list[str]:
@@ -61,6 +79,12 @@ class Tower:
     @property
     def trainable_names(self) -> list[str]:
         return list(self._trainable)
+
+    @property
+    def has_tables(self) -> bool:
+        """Whether `row_ids` can name the rows of any table (it may still
+        answer None until the first gradient shows which are row-sparse)."""
+        return self._ids_model is not None
 
     @property
     def state_names(self) -> list[str]:
@@ -89,19 +113,55 @@ class Tower:
                 f"{sorted(set(self._travelling) - set(params))}, "
                 f"unknown {sorted(set(params) - set(self._travelling))}"
             )
-        wrong = [f"{name}: {np.shape(params[name])} for {tuple(variable.shape)}"
+        wrong = [f"{name}: {_shape(params[name])} for {tuple(variable.shape)}"
                  for name, variable in self._travelling.items()
-                 if np.shape(params[name]) != tuple(variable.shape)]
+                 if _shape(params[name]) != tuple(variable.shape)]
         if wrong:
             raise BadTensor(f"parameters of the wrong shape (nothing was set): {wrong[:5]}")
         values = [params[name] for name in self._travelling]
-        if adopt:
+        rows = tuple(isinstance(value, RowSparse) for value in values)
+        if any(rows):
+            values = [(v.ids, v.rows) if r else v for v, r in zip(values, rows)]
+        elif adopt:
             values = [_as_tensor(value, dtype) for value, dtype in zip(values, self._dtypes)]
-        self._assign_fn(values)
+        self._assign_fn(values, rows if any(rows) else None)
 
-    def _assign_all(self, values) -> None:
-        for variable, value in zip(self._travelling.values(), values):
-            variable.assign(value)
+    def _assign_all(self, values, rows) -> None:
+        """Assign each variable its value, or (`rows`[i] set) scatter its
+        (ids, rows) into it: the rows of those ids, and nothing else, change."""
+        for i, (variable, value) in enumerate(zip(self._travelling.values(), values)):
+            if rows is not None and rows[i]:
+                ids, new_rows = value
+                variable.value.scatter_update(tf.IndexedSlices(new_rows, ids))
+            else:
+                variable.assign(value)
+
+    def row_ids(self, x) -> dict[str, np.ndarray] | None:
+        """{table key: the int64 ids, ascending without repeats, that a
+        forward pass over `x` looks up}, for each table whose gradient is
+        row-sparse; None when there is none (or no gradient was made yet):
+        then a pull brings every variable whole."""
+        if self._ids_model is None or not any(self._sparse):
+            return None
+        sparse = dict(zip(self._trainable, self._sparse))
+        tables = [key for key in self._tables if sparse.get(key)]
+        if not tables:
+            return None
+        if self._ids_fn is None:
+            spec = tf.nest.map_structure(
+                lambda t: tf.TensorSpec((None, *np.shape(t)[1:]), np.asarray(t).dtype), x)
+            self._ids_fn = tf.function(self._lookups, input_signature=[spec], autograph=False)
+        found = dict(zip(self._tables, self._ids_fn(x)))
+        return {key: np.unique(found[key].numpy()) for key in tables}
+
+    def _lookups(self, x):
+        """Each table's looked-up ids, as its Embedding casts them (int64 [n])."""
+        out = []
+        for t in tf.nest.flatten(self._ids_model(x, training=False)):
+            if t.dtype not in (tf.int32, tf.int64):
+                t = tf.cast(t, tf.int32)  # keras' Embedding.call
+            out.append(tf.cast(tf.reshape(t, [-1]), tf.int64))
+        return out
 
     def _gradients(self, x, y):
         with tf.device(self.device):
@@ -135,6 +195,41 @@ class Tower:
                    for (n, v), g, sparse in zip(self._trainable.items(), grads, self._sparse)}
         updates.update((n, _host_array(s)) for n, s in zip(self._state, state))
         return updates, float(loss)
+
+
+def _ids_model(model: keras.Model, variables: ModelVariables):
+    """(a model from `model`'s inputs to each Embedding layer's input, the
+    table keys in its outputs' order), or (None, []) for a model without
+    tables or whose tables' inputs cannot be reached that way (logged)."""
+    layers = [layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+    if not layers:
+        return None, []
+    try:
+        # A layer called more than once: `input` would be its first call's alone.
+        shared = [layer.name for layer in layers if len(layer._inbound_nodes) != 1]
+        if shared:
+            raise ValueError(f"Embedding layers {shared} are called more than once")
+        outputs = [layer.input for layer in layers]
+        keys = [variables.key_of(layer.embeddings) for layer in layers]
+        return keras.Model(_inputs(model), outputs), keys
+    except (AttributeError, ValueError, KeyError) as err:
+        logger.info("model %r: the inputs of its Embedding layers cannot be read from its "
+                    "inputs (%s); its tables are pulled whole every step", model.name, err)
+        return None, []
+
+
+def _inputs(model: keras.Model):
+    """The model's inputs in the structure it is called with (a Sequential
+    built from an Input has `inputs` but no `input`)."""
+    try:
+        return model.input
+    except (AttributeError, ValueError):
+        inputs = model.inputs
+        return inputs[0] if len(inputs) == 1 else inputs
+
+
+def _shape(value) -> tuple:
+    return value.shape if isinstance(value, RowSparse) else np.shape(value)
 
 
 def _summed_rows(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:

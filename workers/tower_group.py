@@ -122,6 +122,14 @@ class TowerGroup:
             return
         self._map(lambda tower: tower.set_weights(params), self.towers)
 
+    @property
+    def has_tables(self) -> bool:
+        return self.towers[0].has_tables
+
+    def row_ids(self, x) -> dict[str, np.ndarray] | None:
+        """The rows of each table `x` looks up (Tower.row_ids): every replica's model is alike."""
+        return self.towers[0].row_ids(x)
+
     def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
         """The gradient of the mean loss over all of (x, y), and that loss.
 

@@ -27,6 +27,16 @@
 
 The worker holds no state that matters between steps: the shards do. A
 worker restarted at any step pulls that step and goes on.
+
+Embedding tables (row pulls): once its tables hold a whole pull's values,
+a worker whose tower reads its tables' lookups (Tower.row_ids) pulls, of
+each table, only the rows the batch it trains on next looks up, and
+scatters them into its table: the rows that batch reads are the shard's,
+so the gradient is what a whole pull gives, bit for bit. The first pull
+of a run, the pull after a recovery and a pull whose version turned out
+to train on another batch than the one its rows were for (sync with
+backup workers: a late worker skips ahead) bring the tables whole. A
+model without tables does no work for this.
 """
 
 from __future__ import annotations
@@ -128,9 +138,15 @@ class Worker:
         # This worker's rows of each global batch: its own slice, until a
         # redirect after a node's loss hands it a share of the dead ones' rows.
         self.part = spec.batch_slice
-        # (version, parameters) that the last push brought back (push_pull
-        # "combined"), for the next step's pull; None: pull from the shards.
-        self._pulled: tuple[int, dict] | None = None
+        # (version, parameters, the data step whose rows came or None: whole)
+        # that the last push brought back (push_pull "combined"), for the next
+        # step's pull; None: pull from the shards.
+        self._pulled: tuple[int, dict, int | None] | None = None
+        # Whether the tower's tables hold a whole pull's values, so that rows
+        # pulled since make every row a batch reads the shard's (row pulls).
+        self._tables_pulled = False
+        self._has_tables = bool(getattr(tower, "has_tables", False))
+        self._batch_cache: tuple | None = None  # ((data step, part), (x, y)): the next batch
 
     def redirect(self, target: Redirect, client: PSClient) -> None:
         """Train on with `client` (to the shards of `target`) from `target.version`.
@@ -169,6 +185,7 @@ class Worker:
         spec, report = self.spec, self.report
         wanted = start_step
         self._pulled = None  # a run again (a rollback) starts from its own pull
+        self._tables_pulled = False  # ... and its tables from a whole pull
         # Recoveries up to `generation` are behind `start_step` already.
         report.generation = max(generation, self.redirects.generation)
         own_step = start_step if data_step is None else data_step
@@ -194,6 +211,7 @@ class Worker:
             if target is not None:
                 report.recoveries += 1
                 self._pulled = None  # of the shards before the recovery
+                self._tables_pulled = False
                 report.generation = target.generation
                 if target.ranks is not None:
                     self.part = share_rows(spec.global_batch_size, target.ranks)[spec.rank]
@@ -211,11 +229,7 @@ class Worker:
         on, or None once the run is over."""
         spec = self.spec
         t0 = time.perf_counter()
-        pulled, self._pulled = self._pulled, None
-        if pulled is not None:  # the answer of pull(wanted), brought by the last push
-            version, params = pulled
-        else:
-            version, params = self.client.pull(min_version=wanted, timeout_s=spec.pull_timeout_s)
+        version, params, data_step = self._pull_step(wanted, own_step)
         if version < wanted or version >= spec.final_version:
             report.pull_s += time.perf_counter() - t0
             return None
@@ -223,15 +237,16 @@ class Worker:
             report.versions_skipped += version - wanted
         # The pulled arrays are this step's alone: the tower may keep them.
         self.tower.set_weights(params, adopt=True)
+        self._tables_pulled = self._has_tables
         t1 = time.perf_counter()
-        data_step = version if spec.mode.batches_by_version else own_step
-        x, y = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size, self.part)
+        x, y = self._batch(data_step)
         grads, loss = self.tower.compute_gradients(x, y)
         if spec.global_clipnorm:
             clip_global_norm(grads, self.tower.trainable_names, spec.global_clipnorm)
         t2 = time.perf_counter()
         # self.client again: a redirect during the compute may have replaced it.
-        outcomes = self._push(version, grads, num_examples(x), loss, report)
+        next_data_step = version + 1 if spec.mode.batches_by_version else own_step + 1
+        outcomes = self._push(version, grads, num_examples(x), loss, report, next_data_step)
         t3 = time.perf_counter()
         report.pull_s += t1 - t0
         report.compute_s += t2 - t1
@@ -243,10 +258,59 @@ class Worker:
         report.losses.append(loss)
         return version
 
-    def _push(self, version: int, grads, examples: int, loss: float, report) -> list:
+    def _pull_step(self, wanted: int, own_step: int) -> tuple[int, dict, int]:
+        """(version >= wanted, its parameters, the data step it trains on):
+        what the last push brought back, or a pull; of the tables, the rows
+        of the batch it trains on when the tables hold a whole pull's values."""
+        by_version = self.spec.mode.batches_by_version
+        pulled, self._pulled = self._pulled, None
+        if pulled is not None:  # the answer of pull(wanted), brought by the last push
+            version, params, rows_for = pulled
+        else:
+            predicted = wanted if by_version else own_step
+            rows = self._rows_for(predicted)
+            version, params = self._pull(wanted, rows)
+            rows_for = None if rows is None else predicted
+        data_step = version if by_version else own_step
+        if (rows_for is not None and rows_for != data_step
+                and wanted <= version < self.spec.final_version):
+            # The rows are another batch's (this worker was late): the tables whole.
+            version, params = self._pull(version, None)
+            data_step = version if by_version else own_step
+        return version, params, data_step
+
+    def _pull(self, min_version: int, rows) -> tuple[int, dict]:
+        """The client's pull; of the tables only `rows` ({key: ids}) when given."""
+        if rows is None:
+            return self.client.pull(min_version=min_version, timeout_s=self.spec.pull_timeout_s)
+        return self.client.pull(min_version=min_version, timeout_s=self.spec.pull_timeout_s,
+                                rows=rows)
+
+    def _rows_for(self, data_step: int) -> dict | None:
+        """The rows of each table that batch `data_step` looks up, to pull
+        those alone; None: pull the tables whole (no tables, or they do not
+        hold a whole pull's values yet). No work for a model without tables."""
+        if not self._tables_pulled:
+            return None
+        return self.tower.row_ids(self._batch(data_step)[0])
+
+    def _batch(self, data_step: int):
+        """This worker's part of global batch `data_step`; the last one asked
+        for is kept (a row pull reads the next batch's ids before its step)."""
+        key = (data_step, self.part.start, self.part.stop)
+        if self._batch_cache is None or self._batch_cache[0] != key:
+            spec = self.spec
+            batch = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size,
+                                             self.part)
+            self._batch_cache = (key, batch)
+        return self._batch_cache[1]
+
+    def _push(self, version: int, grads, examples: int, loss: float, report,
+              next_data_step: int) -> list:
         """Push `grads`, checked whole first: each shard sees only its slice,
         so the worker decides for all of them what a NaN/inf (or a gradient
-        the shards would refuse as too large to sum) does."""
+        the shards would refuse as too large to sum) does. A PushPull brings
+        back, of each table, the rows of batch `next_data_step`."""
         faults = {}  # name -> what is wrong with it
         for name, grad in grads.items():
             fault = contribution_fault(grad, examples, self.spec.num_workers,
@@ -258,9 +322,12 @@ class Worker:
             # no parameters back: nothing trains on the final version here.
             wants_next = self.spec.recovery_wait_s or version + 1 < self.spec.final_version
             if self.spec.push_pull == "combined" and self.spec.mode.aggregates and wants_next:
+                rows = self._rows_for(next_data_step)
+                extra = {} if rows is None else {"rows": rows}
                 outcomes, pulled_version, params = self.client.push_pull(
-                    self.spec.rank, version, grads, examples, loss, self.spec.pull_timeout_s)
-                self._pulled = (pulled_version, params)
+                    self.spec.rank, version, grads, examples, loss, self.spec.pull_timeout_s,
+                    **extra)
+                self._pulled = (pulled_version, params, None if rows is None else next_data_step)
                 return outcomes
             return self.client.push(self.spec.rank, version, grads, examples, loss)
         report.nonfinite_steps += 1

@@ -291,14 +291,17 @@ def _parse_chunks(buf: bytes, view: memoryview, start: int, end: int) -> list[Ch
 _HEADERS = {"Push": pb.PushHeader, "Pull": pb.PullHeader}
 
 
-def read_header(parts: Iterator[Part], stream: str, max_tensors: int | None = None):
+def read_header(parts: Iterator[Part], stream: str, max_tensors: int | None = None,
+                max_ids: int = 0):
     """The header that starts a `stream` ("Push": a PushHeader, "Pull": a
     PullHeader), taken from `parts`, which go on with its chunks.
 
     `max_tensors` (a shard's count of tensors): the header may describe that
     many (same-node `shared`), no more, and one larger than such a
     description can be is refused by its size, before protobuf parses it:
-    a flood of tiny entries would cost before any check. Raises BadTensor.
+    a flood of tiny entries would cost before any check. `max_ids`: the
+    row ids a PushPull's pull may ask for (PullRequest.rows), each up to 10
+    bytes on the wire. Raises BadTensor.
     """
     header_type = _HEADERS[stream]
     first = next(parts, None)
@@ -306,9 +309,10 @@ def read_header(parts: Iterator[Part], stream: str, max_tensors: int | None = No
         raise BadTensor(f"a {stream} stream's first message is malformed: {first.error}")
     if first is None or first.header is None:
         raise BadTensor(f"a {stream} stream must start with a {header_type.__name__}")
-    if max_tensors is not None and len(first.header) > _header_limit(max_tensors):
+    if max_tensors is not None and len(first.header) > _header_limit(max_tensors, max_ids):
         raise BadTensor(f"a {stream} stream's {header_type.__name__} of {len(first.header)} "
-                        f"bytes is over {_header_limit(max_tensors)} for {max_tensors} tensors")
+                        f"bytes is over {_header_limit(max_tensors, max_ids)} for "
+                        f"{max_tensors} tensors and {max_ids} row ids")
     try:
         header = header_type.FromString(first.header)
     except DecodeError as err:
@@ -336,8 +340,8 @@ def read_chunks(parts: Iterator[Part], stream: str, num_tensors: int,
     return assembler.finish(num_tensors)
 
 
-def _header_limit(num_tensors: int) -> int:
-    return 4096 + 512 * num_tensors
+def _header_limit(num_tensors: int, max_ids: int = 0) -> int:
+    return 4096 + 512 * num_tensors + 10 * max_ids
 
 
 def read_pull(parts: Iterable[Part]) -> tuple[int, dict[str, np.ndarray]]:

@@ -23,6 +23,13 @@ knows every tensor's exact shape before a byte arrives (`wire_specs`).
 A RowSparse goes dense instead (`to_wire`) when its rows and ids would be no
 smaller than the whole variable: then it is the same bytes as before.
 
+Pulls go the other way: a worker that knows which rows its next batch
+looks up asks for those alone (PullRequest.rows); the shard
+checks the ids as hostile input (`checked_rows`) and answers each such
+variable with its rows [k, *row_shape] in the order of the ids
+(`selected_rows`), which the worker joins into a RowSparse of the
+parameters and scatters into its table.
+
 Plain numpy; no TensorFlow. `check_ids` is what a shard holds hostile ids
 to (ps/checks.py).
 """
@@ -162,3 +169,42 @@ def from_wire(flat: Mapping[str, np.ndarray], sparse: Sequence,
                             f"its rows and {entry.name + IDS_SUFFIX!r}")
         out[entry.name] = RowSparse(ids, rows, specs[entry.name].shape[0])
     return out
+
+
+def checked_rows(specs: Mapping[str, TensorSpec], requests: Sequence) -> dict[str, np.ndarray]:
+    """A pull's row requests (entries with .name and .ids) as {name: int64
+    ids}, each checked against the variables `specs` held here: a variable
+    of at least one dimension, named once, its ids ascending without
+    repeats and inside its rows. BadTensor otherwise (hostile input)."""
+    out: dict[str, np.ndarray] = {}
+    for entry in requests:
+        name = entry.name
+        spec = specs.get(name)
+        if spec is None or not spec.shape or name in out:
+            raise BadTensor(f"a pull asks for rows of {name[:80]!r}, but it is not a variable "
+                            "of at least one dimension held here, or is named twice")
+        num_rows = spec.shape[0]
+        if len(entry.ids) > num_rows:
+            raise BadTensor(f"a pull asks for {len(entry.ids)} rows of {name!r}, which has "
+                            f"{num_rows}; ask for each row once")
+        ids = np.fromiter(entry.ids, IDS_DTYPE, len(entry.ids))
+        if len(ids) and (ids[0] < 0 or ids[-1] >= num_rows):
+            raise BadTensor(f"a pull asks for rows {ids[0]} to {ids[-1]} of {name!r}, outside "
+                            f"its rows 0..{num_rows - 1}")
+        if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            raise BadTensor(f"a pull asks for rows of {name!r} that are not ascending without "
+                            "repeats; ask for each row once, in ascending order of id")
+        out[name] = ids
+    return out
+
+
+def selected_rows(params: Mapping[str, np.ndarray], rows: Mapping[str, np.ndarray]
+                  ) -> Mapping[str, np.ndarray]:
+    """What a pull of `params` carries when `rows` ({name: checked ids}) are
+    asked for: those variables' rows [k, *row_shape] in the ids' order (new
+    arrays), every other variable as it is (`params` itself when none)."""
+    if not rows:
+        return params
+    return {name: value[rows[name]] if name in rows else value
+            for name, value in params.items()}
+

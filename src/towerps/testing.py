@@ -208,9 +208,10 @@ class FaultyClient:
         self._before_push(worker_rank, step, grads, num_examples, loss)
         return self.inner.push(worker_rank, step, grads, num_examples, loss, shards)
 
-    def push_pull(self, worker_rank, step, grads, num_examples, loss, timeout_s):
+    def push_pull(self, worker_rank, step, grads, num_examples, loss, timeout_s, **rows):
         self._before_push(worker_rank, step, grads, num_examples, loss)
-        return self.inner.push_pull(worker_rank, step, grads, num_examples, loss, timeout_s)
+        return self.inner.push_pull(worker_rank, step, grads, num_examples, loss, timeout_s,
+                                    **rows)
 
     def _before_push(self, worker_rank, step, grads, num_examples, loss) -> None:
         """The holds due by `step`; at `die_at`, a push to shard 0 alone and SIGKILL."""

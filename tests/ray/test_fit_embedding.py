@@ -1,5 +1,5 @@
 """towerps.fit with a plain Keras Embedding: the run trains (the table's
-gradient travels row-sparse) and ends where plain Keras, or one process
+gradient and its pulls travel row-sparse) and ends where plain Keras, or one process
 averaging the workers' gradients, ends.
 
     .venv/bin/python -m pytest tests/ray/test_fit_embedding.py
@@ -70,7 +70,8 @@ def test_two_workers_train_an_embedding_to_the_one_process_weights(ray_cluster, 
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
     assert any(np.abs(want[n] - start[n]).max() > 1e-3 for n in want)  # it trained
-    # Pulls are dense (each worker the whole model a step), pushes row-sparse:
-    # dense pushes would make it twice the pulls.
+    # Pushes and pulls travel row-sparse (after each worker's first, whole
+    # pull): less than half of what whole pulls alone carry (2 workers x the
+    # whole model a step).
     model_bytes = sum(w.nbytes for w in start.values())
-    assert 2 * model_bytes <= result.summary.wire_bytes_per_step < 2.5 * model_bytes
+    assert result.summary.wire_bytes_per_step < model_bytes

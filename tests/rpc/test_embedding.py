@@ -1,5 +1,6 @@
 """Workers train a model with a plain Keras Embedding against real shards
-over gRPC, and end with the weights one process gives.
+over gRPC, and end with the weights one process gives, pushing the rows
+they touched and pulling the rows their next batch looks up.
 
     .venv/bin/python -m pytest tests/rpc/test_embedding.py
 """
@@ -54,7 +55,8 @@ def train(dataset):
     workers in threads against real shards, sync, float32 on the wire."""
     stops, prefixes = [], []
 
-    def run(num_workers, optimizer, lr, num_shards=1, slice_bytes=None, transport="grpc"):
+    def run(num_workers, optimizer, lr, num_shards=1, slice_bytes=None, transport="grpc",
+            push_pull="combined", make_tower=Tower):
         initial = Tower(embedding()).get_weights()
         plan = plan_placement({n: w.shape for n, w in initial.items()}, num_shards,
                               slice_bytes=slice_bytes)
@@ -76,8 +78,9 @@ def train(dataset):
             assert client.uses_shared_memory(0) == (prefix is not None)
             stops.append((client, None))
             clients.append(client)
-            spec = WorkerSpec(rank, num_workers, BATCH, STEPS, seed=SEED, pull_timeout_s=TIMEOUT_S)
-            workers.append(Worker(spec, dataset, Tower(embedding()), client))
+            spec = WorkerSpec(rank, num_workers, BATCH, STEPS, seed=SEED, pull_timeout_s=TIMEOUT_S,
+                              push_pull=push_pull)
+            workers.append(Worker(spec, dataset, make_tower(embedding()), client))
         errors = []
 
         def work(worker):
@@ -151,3 +154,79 @@ def test_a_push_carries_the_looked_up_rows_and_their_ids_not_the_table(dataset, 
         part = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
         assert client.bytes_sent == pushed_bytes(dataset, part, dense_bytes)
         assert client.bytes_sent < STEPS * EMBEDDING_ROWS * EMBEDDING_WIDTH * 4 / 4
+
+
+class WholeTablesTower:
+    """A Tower that names no table rows: its worker pulls every variable
+    whole, as before row pulls (the reference they must equal)."""
+
+    has_tables = False
+
+    def __init__(self, model):
+        self.inner = Tower(model)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("push_pull, transport", [("combined", "grpc"), ("separate", "grpc"),
+                                                  ("combined", "shm")])
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.5), ("adam", 0.01)])
+def test_two_workers_pulling_rows_end_bit_for_bit_as_pulling_whole_tables(
+        dataset, train, optimizer, lr, push_pull, transport):
+    rows, row_clients = train(2, optimizer, lr, num_shards=2, slice_bytes=8192,
+                              transport=transport, push_pull=push_pull)
+    whole, whole_clients = train(2, optimizer, lr, num_shards=2, slice_bytes=8192,
+                                 transport=transport, push_pull=push_pull,
+                                 make_tower=WholeTablesTower)
+    for name in whole:
+        assert rows[name].tobytes() == whole[name].tobytes(), name
+    assert all(r.bytes_received < w.bytes_received / 2
+               for r, w in zip(row_clients, whole_clients))
+
+
+def pulled_bytes(dataset, part, table_bytes, dense_bytes):
+    """What a worker on rows `part` of each global batch pulls: the first
+    step every variable whole, then per step the rows its batch looks up
+    (float32) with their int64 ids, and the dense variables whole."""
+    total = table_bytes + dense_bytes
+    for step in range(1, STEPS):
+        x, _ = dataset.train_batch(step, SEED, BATCH, part)
+        looked_up = len(np.unique(x.astype(np.int64)))
+        total += looked_up * (EMBEDDING_WIDTH * 4 + 8) + dense_bytes
+    return total
+
+
+@pytest.mark.parametrize("push_pull, transport", [("combined", "grpc"), ("separate", "shm")])
+def test_a_pull_carries_the_rows_the_next_batch_looks_up_not_the_table(
+        dataset, train, push_pull, transport):
+    _, clients = train(2, "sgd", 0.5, num_shards=2, slice_bytes=8192, transport=transport,
+                       push_pull=push_pull)
+    initial = Tower(embedding()).get_weights()
+    table_bytes = EMBEDDING_ROWS * EMBEDDING_WIDTH * 4
+    dense_bytes = sum(w.nbytes for w in initial.values()) - table_bytes
+    for rank, client in enumerate(clients):
+        part = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+        assert client.bytes_received == pulled_bytes(dataset, part, table_bytes, dense_bytes)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_a_client_pull_of_rows_equals_those_rows_of_a_whole_pull(dataset, train, transport):
+    _, (client,) = train(1, "adam", 0.01, num_shards=2, slice_bytes=8192, transport=transport)
+    table = next(n for n, w in Tower(embedding()).get_weights().items()
+                 if w.shape[0] == EMBEDDING_ROWS)
+    ids = np.array([0, 5, 249, 250, 251, 700, EMBEDDING_ROWS - 1], np.int64)  # over slices
+    version, whole = client.pull(STEPS, TIMEOUT_S)
+    before = client.bytes_received
+    got_version, rows = client.pull(STEPS, TIMEOUT_S, rows={table: ids})
+    assert got_version == version
+    assert isinstance(rows[table], RowSparse)
+    assert rows[table].ids.tobytes() == ids.tobytes()
+    assert rows[table].rows.tobytes() == whole[table][ids].tobytes()
+    assert rows[table].num_rows == EMBEDDING_ROWS
+    for name in whole:
+        if name != table:
+            assert rows[name].tobytes() == whole[name].tobytes(), name
+    table_bytes = EMBEDDING_ROWS * EMBEDDING_WIDTH * 4
+    assert client.bytes_received - before == (sum(w.nbytes for w in whole.values())
+                                              - table_bytes + len(ids) * (EMBEDDING_WIDTH * 4 + 8))
