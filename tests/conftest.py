@@ -11,9 +11,13 @@ then says how many did, so a run without a GPU never looks like a full one.
 """
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.install import resolving
 
 # Quiet TensorFlow's C++ start-up logs in every test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -88,3 +92,38 @@ def _tier(item) -> str:
 def pytest_collection_modifyitems(config, items):
     # sorted() is stable: within a tier, files and tests keep their order.
     items[:] = sorted(items, key=lambda item: TIER_ORDER[_tier(item)])
+
+
+# The install tier's pip resolutions (tests/install/resolving.py) wait a
+# minute or two on the package index: they run once per session, in the
+# background, from as soon as the collection holds a test that reads them.
+# Under xdist the controller starts them and the workers read their directory.
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        directory = Path(tempfile.mkdtemp(prefix="towerps-resolutions-"))
+        config.stash[resolving.SESSION] = resolving.Resolutions(directory)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput[resolving.WORKERINPUT_KEY] = str(node.config.stash[resolving.SESSION].directory)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if any(nodeid.startswith(resolving.READERS) for nodeid in ids):
+        node.config.stash[resolving.SESSION].start()
+
+
+def pytest_collection_finish(session):
+    # Without xdist: this process collects, and runs the tests.
+    if (not hasattr(session.config, "workerinput")
+            and any(item.nodeid.startswith(resolving.READERS) for item in session.items)):
+        session.config.stash[resolving.SESSION].start()
+
+
+def pytest_unconfigure(config):
+    resolutions = config.stash.get(resolving.SESSION, None)
+    if resolutions:
+        resolutions.stop()
+        shutil.rmtree(resolutions.directory, ignore_errors=True)
