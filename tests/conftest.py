@@ -45,29 +45,40 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # `make test` runs on two pytest-xdist processes (`-n 2`). Tests that share
-# something stay in one process: the ray tier's one Ray cluster and its
+# something stay in one process: the ray tier's shared Ray cluster and its
 # shared runs (tests/ray/conftest.py), and the cluster tier's nodes on
 # 127.0.0.2/3 (one set of sshds and Ray nodes at a time). Each of those is one
 # unit of work; every other test is a unit of its own, and the largest units
 # go first, so neither process is left with a long tail at the end. (xdist's
 # own `--dist loadgroup` reads groups off node ids, which pytest 9.2 no
 # longer lets it change: pytest-xdist#1386.)
+# The ray tier's shared-cluster files make two units, each with the Ray
+# cluster of its own process, so that neither is most of the run: the runs
+# that resume from checkpoints and recover from kills (they share
+# test_checkpoints' `clean` run, importing it from there), and the rest. No
+# file is split: one file's tests never see two clusters.
 SHARED_RAY_FIXTURES = ("ray_cluster", "shared_runs", "small_run")
+CHECKPOINT_RUNS = "tests.ray.test_checkpoints"
 TESTS = Path(__file__).resolve().parent
 TIER_ORDER = {"ray": 0, "cluster": 1, "install": 2, "rpc": 3, "unit": 4}
 
 
-def shared_ray_files() -> set[str]:
-    """The ray tier's test files that use its shared cluster, by node-id path."""
-    return {f"tests/ray/{path.name}" for path in (TESTS / "ray").glob("test_*.py")
-            if any(name in path.read_text() for name in SHARED_RAY_FIXTURES)}
+def shared_ray_units() -> dict[str, str]:
+    """{a ray-tier test file that uses a shared cluster, by node-id path: its unit}."""
+    units = {}
+    for path in (TESTS / "ray").glob("test_*.py"):
+        text = path.read_text()
+        if any(name in text for name in SHARED_RAY_FIXTURES):
+            resumes = path.name == "test_checkpoints.py" or CHECKPOINT_RUNS in text
+            units[f"tests/ray/{path.name}"] = "shared-ray-checkpoints" if resumes else "shared-ray"
+    return units
 
 
-def work_unit(nodeid: str, shared: set[str]) -> str:
+def work_unit(nodeid: str, shared: dict[str, str]) -> str:
     """What a test runs with in one process: its shared things' name, or itself."""
     path = nodeid.split("::", 1)[0]
     if path in shared:
-        return "shared-ray"
+        return shared[path]
     if path.startswith("tests/cluster/"):
         return "cluster"
     return nodeid
@@ -76,7 +87,7 @@ def work_unit(nodeid: str, shared: set[str]) -> str:
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    shared = shared_ray_files()
+    shared = shared_ray_units()
 
     class SharedThingsScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
