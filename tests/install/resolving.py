@@ -132,8 +132,8 @@ def read(directory: Path, extras: str, timeout_s: float) -> list[str]:
         # Its PID is not reused meanwhile: its parent reaps it only in stop().
         wait_gone([int(pid_file.read_text())], timeout_s)
     assert rc_file.exists(), f"pip install '.[{extras}]' --dry-run: no result after {timeout_s:g} s"
-    err = Path(f"{base}.err").read_text()
-    assert rc_file.read_text().strip() == "0", f"pip install '.[{extras}]' --dry-run: {err[-3000:]}"
+    status, err = rc_file.read_text().strip(), Path(f"{base}.err").read_text()
+    assert status == "0", f"pip install '.[{extras}]' --dry-run exited {status}: {err[-3000:]}"
     report = json.loads(Path(f"{base}.json").read_text())
     return [_canonical(i["metadata"]["name"]) for i in report["install"]]
 
