@@ -48,10 +48,13 @@ def pytest_terminal_summary(terminalreporter):
 # something stay in one process: the ray tier's shared Ray cluster and its
 # shared runs (tests/ray/conftest.py), and the cluster tier's nodes on
 # 127.0.0.2/3 (one set of sshds and Ray nodes at a time). Each of those is one
-# unit of work; every other test is a unit of its own, and the largest units
-# go first, so neither process is left with a long tail at the end. (xdist's
-# own `--dist loadgroup` reads groups off node ids, which pytest 9.2 no
-# longer lets it change: pytest-xdist#1386.)
+# unit of work; every other test is a unit of its own. The longest units go
+# first (FIRST_UNITS, then the tiers in TIER_ORDER: the ray tier's own runs
+# before the quick tiers), so that neither process is left with a long tail
+# at the end: xdist hands units out in the order of the collection, which
+# pytest_collection_modifyitems sets, instead of by their number of tests.
+# (xdist's own `--dist loadgroup` reads groups off node ids, which pytest 9.2
+# no longer lets it change: pytest-xdist#1386.)
 # The ray tier's shared-cluster files make two units, each with the Ray
 # cluster of its own process, so that neither is most of the run: the runs
 # that resume from checkpoints and recover from kills (they share
@@ -61,6 +64,7 @@ SHARED_RAY_FIXTURES = ("ray_cluster", "shared_runs", "small_run")
 CHECKPOINT_RUNS = "tests.ray.test_checkpoints"
 TESTS = Path(__file__).resolve().parent
 TIER_ORDER = {"ray": 0, "cluster": 1, "install": 2, "rpc": 3, "unit": 4}
+FIRST_UNITS = ("shared-ray-checkpoints", "shared-ray", "cluster")
 
 
 def shared_ray_units() -> dict[str, str]:
@@ -93,6 +97,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid, shared)
 
+    config.option.loadscopereorder = False  # the collection's order, not the most tests first
     return SharedThingsScheduling(config, log)
 
 
@@ -101,8 +106,14 @@ def _tier(item) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    # sorted() is stable: within a tier, files and tests keep their order.
-    items[:] = sorted(items, key=lambda item: TIER_ORDER[_tier(item)])
+    # sorted() is stable: within a unit or a tier, files and tests keep their order.
+    shared = shared_ray_units()
+    first = {unit: rank for rank, unit in enumerate(FIRST_UNITS)}
+
+    def order(item):
+        return first.get(work_unit(item.nodeid, shared), len(first)), TIER_ORDER[_tier(item)]
+
+    items[:] = sorted(items, key=order)
 
 
 # The install tier's pip resolutions (tests/install/resolving.py) wait a
