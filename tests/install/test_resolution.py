@@ -8,82 +8,31 @@ real GPU cannot be tried here: that the GPU command brings GPU TensorFlow and
 its CUDA libraries, and nothing else claims the module, is the check.
 """
 
-import json
 import platform
-import re
-import shlex
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.install.resolving import documented_extras, read, session_directory
+
 pytestmark = [pytest.mark.install, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = ["README.md", "deploy/README.md", "scripts/setup.sh", *sorted(
-    str(p.relative_to(REPO)) for p in (REPO / "deploy").glob("*.yaml"))]
-# Ways the documents name towerps itself: this checkout, its copy on a node.
-TOWERPS = {".", "$HOME/towerps", "~/towerps", "towerps"}
 # Distributions that install the `tensorflow` module.
 TENSORFLOWS = {"tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
                "tensorflow-macos", "tensorflow-aarch64", "intel-tensorflow", "tf-nightly",
                "tf-nightly-cpu", "tf-nightly-gpu"}
-# scripts/setup.sh installs ".[$extra,test]" with extra=${TOWERPS_EXTRA:-cpu}, cpu or gpu.
-SETUP_EXTRAS = ("cpu", "gpu")
-
-
-def documented_extras() -> dict[str, set[str]]:
-    """{extras of one documented `pip install` of towerps, e.g. "cpu,test": {documents}}."""
-    found: dict[str, set[str]] = {}
-    for document in DOCUMENTS:
-        for line in (REPO / document).read_text().splitlines():
-            for command in re.findall(r"pip install ([^;&|#`]*)", line):
-                for target in _words(command):
-                    name, _, extras = target.partition("[")
-                    if name not in TOWERPS:
-                        continue
-                    for extra in expand(extras.rstrip("]")):
-                        found.setdefault(extra, set()).add(document)
-    return found
-
-
-def _words(command: str) -> list[str]:
-    try:
-        return shlex.split(command.replace("\\", " "))
-    except ValueError:  # prose after the command: an apostrophe
-        return command.split()
-
-
-def expand(extras: str) -> list[str]:
-    return [extras.replace("$extra", e) for e in SETUP_EXTRAS] if "$extra" in extras else [extras]
+RESOLVE_TIMEOUT_S = 900.0
 
 
 @pytest.fixture(scope="module")
-def resolutions() -> dict[str, list[str]]:
+def resolutions(request) -> dict[str, list[str]]:
     """{extras: names of the distributions `pip install ./[extras]` would install, fresh}.
 
-    All at once: each resolution mostly waits on the index, not on a core.
+    Read from the resolutions the session started in the background as it
+    collected these tests (tests/conftest.py): blocks only until they end.
     """
-    runs = {extras: _start_resolving(extras) for extras in documented_extras()}
-    resolved = {}
-    for extras, run in runs.items():
-        out, err = run.communicate(timeout=900)
-        assert run.returncode == 0, f"pip install '.[{extras}]' --dry-run: {err[-3000:]}"
-        resolved[extras] = [_canonical(i["metadata"]["name"]) for i in json.loads(out)["install"]]
-    return resolved
-
-
-def _start_resolving(extras: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-         "--report", "-", f"{REPO}[{extras}]" if extras else str(REPO)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    directory = session_directory(request.config)
+    assert directory, "the session started no resolutions (tests/conftest.py starts them)"
+    return {extras: read(directory, extras, RESOLVE_TIMEOUT_S) for extras in documented_extras()}
 
 
 def test_the_documents_name_the_cpu_and_the_gpu_install_and_nothing_without_tensorflow():

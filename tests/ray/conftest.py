@@ -1,8 +1,11 @@
 """The ray tier's one local Ray cluster, and runs that several tests look at.
 
-`ray_cluster`: one cluster for the whole tier (this package), started by the
-first test that asks for it and stopped after its last test: starting Ray
-takes seconds on 2 busy cores, and every module used to start its own. It is made for all of them at once:
+`ray_cluster`: one cluster for the whole tier (this package) in a test
+process, started by the first test that asks for it and stopped after its
+last test: starting Ray takes seconds on 2 busy cores, and every module used
+to start its own. (`make test`'s two processes each run one group of the
+files that use it, tests/conftest.py, so each starts one.) It is made for
+all of them at once:
 
 - 7 logical CPUs: 3 workers, 2 shards and a replacement or a spare; or 2
   workers, 2 shards and Ray Data's tasks;

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests.polling import wait_gone
 from towerps.cluster.run.session import _alive, _ray_descendants
 
 pytestmark = pytest.mark.ray
@@ -132,10 +133,8 @@ def test_a_local_session_listens_on_loopback_only():
             child.wait(timeout=60)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + 30
+        wait_gone(started, 30)
         for pid in started:  # only what this test started, by PID
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
 

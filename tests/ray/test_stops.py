@@ -6,16 +6,14 @@ left (found by PID and by the sessions its processes ran in)."""
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.polling import wait_until
+from tests.polling import wait_gone, wait_until
 from towerps.cluster.run.placements import read_placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -77,21 +75,6 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def wait_gone(pids: set[int], timeout_s: float) -> None:
-    """Block until every process in `pids` has exited (or `timeout_s` passes):
-    a pidfd becomes readable when its process ends, whoever its parent is."""
-    deadline = time.monotonic() + timeout_s
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue  # gone already
-        try:
-            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        finally:
-            os.close(fd)
 
 
 def finish(proc: subprocess.Popen, pids: set[int]) -> tuple[int, str]:

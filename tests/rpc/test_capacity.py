@@ -132,6 +132,20 @@ def train_steps(client, steps):
         assert result.outcomes == [PushOutcome.APPLIED] and result.version == step + 1
 
 
+def train_beside(started, flood, secret, address, plan, steps):
+    """Starts `flood`, waits until its calls have ended, trains worker 0 for
+    `steps` steps (each applied) and stops the flood: the codes its calls got
+    (a Counter)."""
+    flood.start()
+    started[1].append(flood.stop)
+    assert flood.ended.wait(60), "the flood's calls never ended"
+    client = PSClient([address], plan, rpc_timeout_s=20.0, max_attempts=1, backoff_s=0.01,
+                      credentials=Credentials(worker_token(secret, 0)))
+    started[1].append(client.close)
+    train_steps(client, steps)
+    return flood.stop()
+
+
 def test_a_half_open_flood_without_credentials_holds_nothing(started):
     """Calls without a token that send headers and never a body, to every
     method (health, reflection, Status, Push/Pull, unary and streaming),
@@ -140,14 +154,8 @@ def test_a_half_open_flood_without_credentials_holds_nothing(started):
     limits = ShardLimits(max_calls=8, max_other_calls=2)
     secret, server, address, plan = secured_shard(started, limits)
     flood = HalfOpenFlood(address, HALF_OPEN_METHODS, threads=4,
-                          calls_per_thread=4 * limits.max_threads, until_ended=200).start()
-    started[1].append(flood.stop)
-    assert flood.ended.wait(60), "the flood's calls never ended"
-    client = PSClient([address], plan, rpc_timeout_s=20.0, max_attempts=1, backoff_s=0.01,
-                      credentials=Credentials(worker_token(secret, 0)))
-    started[1].append(client.close)
-    train_steps(client, 10)
-    codes = flood.stop()
+                          calls_per_thread=4 * limits.max_threads, until_ended=200)
+    codes = train_beside(started, flood, secret, address, plan, steps=10)
     # Every call refused, none left open: by the door, or (UNAVAILABLE) by
     # HTTP/2 itself beyond a connection's streams at once.
     assert "UNAUTHENTICATED" in codes and set(codes) <= {"UNAUTHENTICATED", "UNAVAILABLE"}, \
@@ -166,14 +174,8 @@ def test_calls_outside_the_jobs_class_are_capped_and_their_bodies_awaited_briefl
     secret, server, address, plan = secured_shard(started, limits)
     health = ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
     flood = HalfOpenFlood(address, health, threads=2, calls_per_thread=10, until_ended=20,
-                          metadata=bearer(worker_token(secret, 1))).start()
-    started[1].append(flood.stop)
-    assert flood.ended.wait(60), "the flood's calls never ended"
-    client = PSClient([address], plan, rpc_timeout_s=20.0, max_attempts=1, backoff_s=0.01,
-                      credentials=Credentials(worker_token(secret, 0)))
-    started[1].append(client.close)
-    train_steps(client, 5)
-    codes = flood.stop()
+                          metadata=bearer(worker_token(secret, 1)))
+    codes = train_beside(started, flood, secret, address, plan, steps=5)
     # Admitted calls end when their body does not come; the rest are refused.
     assert set(codes) == {"CANCELLED", "RESOURCE_EXHAUSTED"}, codes
     # The server's handlers end a moment after the client saw the codes.
