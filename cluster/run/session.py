@@ -65,13 +65,12 @@ def ray_session(address: str | None, num_cpus: int | None = None,
     if ray.is_initialized():
         yield
         return
-    runtime_env = {"env_vars": actor_env(verbose)}
     if address:
         _check_reachable(address)
         try:
             with towerps_folder() as code:  # Ray packs and uploads it within ray.init
                 ray.init(address=address, log_to_driver=True,
-                         runtime_env={**runtime_env, "py_modules": [code]},
+                         runtime_env={"env_vars": actor_env(verbose), "py_modules": [code]},
                          logging_level=ray_logging_level(verbose))
         except ConnectionError as err:
             mode = os.environ.get("RAY_AUTH_MODE", "unset")
@@ -87,15 +86,18 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # fits; each one is mostly waiting on the others in sync training.
         # address="local" always starts a new instance: a plain ray.init()
         # would join the latest cluster `ray start` left on this machine.
-        # Every port of it is on 127.0.0.1 (cluster/run/loopback.py).
+        # Every port of it is on 127.0.0.1 (cluster/run/loopback.py). Its
+        # processes inherit the actors' variables, so the job needs no
+        # runtime_env and its workers start in the processes Ray starts idle
+        # (local_system_config).
         daemons_in_own_session()
         try:
-            with loopback_ray() as on_loopback:
+            with loopback_ray() as on_loopback, inherited_env(actor_env(verbose)), \
+                    api_server(dashboard):
                 context = ray.init(
                     address="local",
                     num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
                     include_dashboard=dashboard,
-                    runtime_env=runtime_env,
                     logging_level=ray_logging_level(verbose),
                     _system_config=local_system_config(),
                     **on_loopback,
@@ -163,12 +165,72 @@ def local_daemons() -> dict[str, int]:
             if kind in names for info in infos[:1]}
 
 
+# How long an idle worker process of a local cluster is kept (Ray's default: 1 s).
+IDLE_WORKER_KEPT_S = 60.0
+
+
 def local_system_config() -> dict:
-    """Ray settings of a local cluster towerps starts. No idle workers
-    prestarted for the first driver: they start with no runtime_env, so the
-    job's actors (which have one) never use them, and on a small machine
-    their imports only take CPU from the start-up (cluster/run/startup.py)."""
-    return {"prestart_worker_first_driver": False}
+    """Ray settings of a local cluster towerps starts. The raylet starts idle
+    worker processes as soon as it is up (as many as it may start at once:
+    the cores, at most the logical CPUs), while the driver still connects;
+    a worker actor lands in one of them, Python and Ray already loaded,
+    because a local job has no runtime_env (`inherited_env`). Shards keep
+    their own runtime_env (SHARD_PROCESS_ENV) and start processes of
+    their own, which import no TensorFlow (cluster/run/startup.py).
+
+    Ray ends an idle worker process once it has been idle a second, when
+    the node has fewer free CPUs than idle processes: the job's placement
+    group holds every CPU before its actors are created, so a second later
+    the processes started for them were gone. Kept `IDLE_WORKER_KEPT_S`,
+    they last the start-up, even on a busy machine."""
+    return {"prestart_worker_first_driver": True,
+            "idle_worker_killing_time_threshold_ms": int(IDLE_WORKER_KEPT_S * 1000)}
+
+
+@contextmanager
+def inherited_env(variables: dict[str, str]) -> Iterator[None]:
+    """`variables` in this process's environment for the block, as they were
+    after it. A local cluster started in the block passes them on to every
+    process it starts (its raylet, so every worker), as a job's runtime_env
+    would, but without one: Ray gives a task or actor with a runtime_env a
+    process started for it, never an idle one started beforehand. Not
+    thread-safe: it changes the process's environment."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _no_api_server(*args, **kwargs) -> tuple[None, None]:
+    """services.start_api_server's result when it starts nothing: no URL, no process."""
+    return None, None
+
+
+@contextmanager
+def api_server(dashboard: bool) -> Iterator[None]:
+    """Whether a local cluster started in the block has Ray's API server
+    (its dashboard head). Without `dashboard` it has none: Ray 2.60 starts
+    it even with include_dashboard=False, to report usage statistics, and
+    `ray.init` waits for it to come up (a second or more of Python imports
+    on a small machine), then the raylet (services.start_api_server, called
+    by Node.start_head_processes). towerps uses none of what it serves (the
+    jobs and state APIs); the per-node agent, which exports Ray metrics and
+    sets up runtime_envs, starts as before. Not thread-safe."""
+    if dashboard:
+        yield
+        return
+    started = services.start_api_server
+    services.start_api_server = _no_api_server
+    try:
+        yield
+    finally:
+        services.start_api_server = started
 
 
 def stop_local_ray(grace_s: float = 10.0) -> None:
