@@ -151,6 +151,10 @@ def test_a_second_sigint_skips_saving(tmp_path):
     assert "stopped by SIGINT during shutdown; nothing saved" in err
 
 
+def _sighup_at_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 # How a whole process group is stopped: (the signal sent to it, the driver's status).
 GROUP_STOPS = {
     "group-SIGTERM": (signal.SIGTERM, 143),  # kill -TERM -- -PGID, scancel, systemd
@@ -170,9 +174,13 @@ def test_a_signal_to_the_process_group_stops_and_saves_the_run(tmp_path, how):
                "--num-ps", "1", "--steps", "100000", "--run-dir", str(run_dir)]
     if how == "timeout":
         command = ["timeout", str(int(WAIT_S)), *command]
-    # A process group (and session) of its own, as a terminal or scheduler makes.
+    # A process group (and session) of its own, as a terminal or scheduler
+    # makes, with SIGHUP at its default as a terminal leaves it (a suite
+    # started under nohup would pass its SIG_IGN on, and towerps keeps an
+    # ignored SIGHUP ignored).
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=_sighup_at_default)
     metrics = run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, "training", proc)
     pids = descendants(proc.pid) | set(_placement_pids(run_dir))

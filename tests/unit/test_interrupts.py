@@ -89,13 +89,16 @@ def test_an_ignored_sigint_is_handled_all_the_same():
 
 
 def test_sighup_stops_like_sigterm_unless_it_was_ignored():
-    stop = StopRequest()
-    with stop.handling():
-        stop.defer("training")
-        signal.raise_signal(signal.SIGHUP)
-        assert stop.requested and stop.signal_name == "SIGHUP"
-    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+    # As a terminal starts a command: SIGHUP at its default, whatever the
+    # test run inherited (a suite started under nohup ignores it).
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
+        stop = StopRequest()
+        with stop.handling():
+            stop.defer("training")
+            signal.raise_signal(signal.SIGHUP)
+            assert stop.requested and stop.signal_name == "SIGHUP"
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
         with StopRequest().handling() as stop:
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
             stop.take_over()
