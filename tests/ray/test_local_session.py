@@ -7,21 +7,16 @@ and has the actors' variables without a runtime_env; Ray's API server
 The session runs in a child process of its own (the tier's cluster lives in
 this one, and `ray_session` would use it as it is), as in test_loopback.py."""
 
-import json
 import os
-import select
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from towerps.cluster.run.session import _alive, _ray_descendants
+from tests.ray.child_session import end_session, json_line
 
 pytestmark = pytest.mark.ray
 
-START_TIMEOUT_S = 240.0  # Ray's start on 2 busy cores
 
 CHILD = """
 import json, os, sys, time
@@ -78,27 +73,9 @@ def test_a_local_sessions_actor_lands_in_an_idle_process_with_the_actors_variabl
         assert not [p for p in report["processes"] if "dashboard/dashboard.py" in p]
         assert [p for p in report["processes"] if p.startswith("ray::DashboardAgent")]
     finally:
-        started = [child.pid, *_ray_descendants(child.pid)]
-        child.stdin.close()  # the session ends, and stops what it started
-        try:
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 30
-        for pid in started:  # only what this test started, by PID
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        end_session(child)
 
 
 def _report(child) -> dict:
     """The child's JSON line, once its session runs and the probe answered."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        ready, _, _ = select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, f"the session did not start within {START_TIMEOUT_S:.0f} s"
-        line = child.stdout.readline()
-        assert line, f"the session ended before it started (exit {child.wait()})"
-        if line.startswith('{"idle"'):
-            return json.loads(line)
+    return json_line(child, '{"idle"')

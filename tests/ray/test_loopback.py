@@ -8,22 +8,17 @@ are read from /proc: /proc/net/tcp{,6} for the sockets in LISTEN, and
 /proc/<pid>/fd for the processes of that session that hold them."""
 
 import ipaddress
-import json
 import os
-import select
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.polling import wait_gone
-from towerps.cluster.run.session import _alive, _ray_descendants
+from tests.ray.child_session import end_session, json_line
+from towerps.cluster.run.session import _ray_descendants
 
 pytestmark = pytest.mark.ray
 
-START_TIMEOUT_S = 240.0  # Ray's start on 2 busy cores
 
 CHILD = """
 import json, os, sys
@@ -127,25 +122,9 @@ def test_a_local_session_listens_on_loopback_only():
                    for pid, sockets in held.items()}
         assert not any(exposed.values()), exposed
     finally:
-        started = [child.pid, *_ray_descendants(child.pid)]
-        child.stdin.close()  # the session ends, and stops what it started
-        try:
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        wait_gone(started, 30)
-        for pid in started:  # only what this test started, by PID
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        end_session(child)
 
 
 def _actor_pid(child) -> int:
     """The probe actor's PID, once the child's session runs (its JSON line)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        ready, _, _ = select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, f"the session did not start within {START_TIMEOUT_S:.0f} s"
-        line = child.stdout.readline()
-        assert line, f"the session ended before it started (exit {child.wait()})"
-        if line.startswith('{"actor"'):
-            return json.loads(line)["actor"]
+    return json_line(child, '{"actor"')["actor"]
