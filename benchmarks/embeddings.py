@@ -225,6 +225,7 @@ def _tf_rate(args, spec: dict, rows: int) -> dict:
     import keras
     import tensorflow as tf
 
+    from benchmarks.peers import pss_step
     from examples.criteo_synthetic import build_model
     from towerps.workers.criteo import make_criteo_synthetic
 
@@ -244,17 +245,7 @@ def _tf_rate(args, spec: dict, rows: int) -> dict:
         return tf.data.Dataset.from_tensor_slices((inputs, labels)).repeat().batch(
             args.batch_size // NUM_WORKERS, drop_remainder=True)
 
-    @tf.function
-    def step_fn(iterator):
-        def replica_fn(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        x, y = next(iterator)
-        return strategy.run(replica_fn, args=(x, y))
+    step_fn = pss_step(strategy, model, optimizer, loss_fn)
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     for _ in range(args.warmup_steps * NUM_WORKERS):

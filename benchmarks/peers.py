@@ -252,17 +252,7 @@ def _tf_rate(args, spec: dict) -> dict:
     def dataset_fn():
         return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(per_worker, drop_remainder=True)
 
-    @tf.function
-    def step_fn(iterator):
-        def replica_fn(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        xb, yb = next(iterator)
-        return strategy.run(replica_fn, args=(xb, yb))
+    step_fn = pss_step(strategy, model, optimizer, loss_fn)
 
     # Every round from the same start, as the other systems: the initial
     # weights, the optimizer as built (slots zero, no iterations), batch 0.
@@ -281,6 +271,26 @@ def _tf_rate(args, spec: dict) -> dict:
         coordinator.join()
         rates.append(args.steps * args.batch_size / (time.perf_counter() - t0))
     return {"examples_per_s": rates}
+
+
+def pss_step(strategy, model, optimizer, loss_fn):
+    """The step ParameterServerStrategy's coordinator schedules: one batch
+    of the per-worker iterator, its gradient applied by `optimizer`."""
+    import tensorflow as tf
+
+    @tf.function
+    def step_fn(iterator):
+        def replica_fn(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        xb, yb = next(iterator)
+        return strategy.run(replica_fn, args=(xb, yb))
+
+    return step_fn
 
 
 def tf_pss_rates(args, rounds: int, timeout_s: float) -> list[float]:
