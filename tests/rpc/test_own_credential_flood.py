@@ -68,6 +68,10 @@ class OwnCredentialFlood:
                 code = "OK"
             except grpc.RpcError as err:
                 code = err.code().name
+            except ValueError:  # "Channel closed!": stop() closed it between two calls
+                if self._stop.is_set():
+                    return
+                raise
             with self._lock:
                 self.codes[code] += 1
 
