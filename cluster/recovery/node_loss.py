@@ -24,7 +24,7 @@ first whenever an actor of the job dies, because the two cases differ:
 
 Sync mode only, on data read by step (built-in data sets and arrays): in
 async and ssp a worker's rows follow its own clock, and a stream's position
-is not in any checkpoint, so `find` raises a ClusterError naming why.
+is not in any checkpoint, so `find` raises RecoveryFailed (exit 1) naming why.
 No Ray here: which nodes are alive is the caller's to say.
 """
 
@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from towerps.cluster.api.summary import Recovery
-from towerps.errors import ClusterError
+from towerps.errors import RecoveryFailed
 from towerps.workers.redirect import share_rows
 
 
@@ -73,7 +73,7 @@ class NodeLosses:
 
     def find(self, alive: set[str]) -> LostNodes | None:
         """The job's nodes not in `alive` (Ray's ids) that were not found
-        before, as a LostNodes; None if there are none. Raises ClusterError
+        before, as a LostNodes; None if there are none. Raises RecoveryFailed
         when the run cannot go on without them."""
         placements = self.placements
         lost = {n: ip for n, ip in placements.nodes_not_in(alive).items()
@@ -100,14 +100,14 @@ class NodeLosses:
     def _check_can_go_on(self, what: str, live: list[int], workers_lost: bool) -> None:
         config = self.config
         if not live:
-            raise ClusterError(f"{what}: no worker is left to train; run again on nodes "
+            raise RecoveryFailed(f"{what}: no worker is left to train; run again on nodes "
                                "that stay up, or with --resume from the run directory")
         if workers_lost and not config.mode.aggregates:
-            raise ClusterError(
+            raise RecoveryFailed(
                 f"{what}: in --mode {config.mode.name} a worker's rows follow its own clock, "
                 "so the others cannot take them over; resume the run (--resume) on enough nodes")
         if workers_lost and self.streams_data:
-            raise ClusterError(
+            raise RecoveryFailed(
                 f"{what}: a worker fed by a tf.data function or a Ray Data set cannot hand "
                 "its rows to the others (a stream's position is in no checkpoint); train on "
                 "arrays to survive the loss of a node")

@@ -9,7 +9,7 @@ import pytest
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.recovery.node_loss import NodeLosses
 from towerps.cluster.run.placements import Placement, Placements
-from towerps.errors import ClusterError, StepMismatch
+from towerps.errors import RecoveryFailed, StepMismatch
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
@@ -146,8 +146,9 @@ def test_workers_lost_earlier_are_not_lost_again_and_keep_the_rows_split():
     ("sync", True, "a worker fed by a tf.data function or a Ray Data set"),
 ])
 def test_a_lost_worker_ends_a_run_whose_rows_cannot_move(mode, streams, why):
+    # A runtime failure (exit 1), not bad input (2): the flags were fine when the run began.
     placements = placed(("ps", 0, "a"), ("worker", 0, "a"), ("worker", 1, "b"))
-    with pytest.raises(ClusterError, match=why):
+    with pytest.raises(RecoveryFailed, match=why):
         losses(placements, mode, num_workers=2, streams_data=streams).find(alive={"a"})
 
 
@@ -156,5 +157,5 @@ def test_async_survives_a_node_of_shards_alone_and_nothing_survives_losing_every
     lost = losses(shards_only, "async", num_workers=2).find(alive={"a"})
     assert (lost.shards, lost.rows) == ((1,), None)
     every_worker = placed(("ps", 0, "a"), ("worker", 0, "b"), ("worker", 1, "b"))
-    with pytest.raises(ClusterError, match="no worker is left to train"):
+    with pytest.raises(RecoveryFailed, match="no worker is left to train"):
         losses(every_worker, num_workers=2).find(alive={"a"})
