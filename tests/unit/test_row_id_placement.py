@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 from towerps.errors import BadTensor, CheckpointError
-from towerps.ps.parts import ShardLayout, ShardState
+from towerps.ps import Shard, make_optimizer
+from towerps.ps.parts import ShardLayout, ShardState, checkpoint_key, decode_part, encode_part
+from towerps.ps.optimizers import OptimizerSpec
 from towerps.ps.placement import plan_placement
+from towerps.ps.saved_state import join_optimizer_states, optimizer_state
 from towerps.sparse import RowSparse, checked_rows
 from towerps.wire import TENSOR_ALIGNMENT, TensorSpec
 from towerps.workers.criteo import zipf_ids
@@ -154,6 +157,47 @@ def test_a_checkpoint_part_of_contiguous_slices_never_passes_for_a_strided_one()
     layout.check(ShardState(0, 0, 1, by_id.split(table)[0], {}, [-1], [0]))
     with pytest.raises(CheckpointError, match="placement needs"):
         layout.check(ShardState(0, 0, 1, by_run.split(table)[0], {}, [-1], [0]))
+
+
+def trained(p, grads, resume_after=None):
+    """Shards of plan `p` with Adam, one worker pushing `grads` (one dict per
+    step); after step `resume_after`, every shard goes on from its part as
+    a checkpoint writes and reads it. (shards' joined weights, Adam state)."""
+    key, spec = checkpoint_key("s" * 64), OptimizerSpec("adam", 0.01)
+    shards = [Shard(k, part, spec.build(), 1) for k, part in enumerate(p.split(tensors()))]
+    for step, grad in enumerate(grads):
+        for shard, part in zip(shards, p.split(grad)):
+            shard.push(0, step, part, num_examples=8)
+        if step == resume_after:
+            parts = [decode_part(b"".join(map(bytes, encode_part(s.export_state(), key))), key)
+                     for s in shards]
+            shards = [Shard.from_state(part, spec.build(), layout=s.layout)
+                      for part, s in zip(parts, shards)]
+    states = [s.export_state() for s in shards]
+    weights = p.join({n: a for s in states for n, a in s.params.items()})
+    return weights, join_optimizer_states([optimizer_state(s, spec) for s in states], p)
+
+
+def test_shards_by_row_id_train_checkpoint_and_resume_as_one_shard_holding_everything():
+    """Each shard sees its own slice with its own ids; its part holds its
+    rows, which re-join (weights and Adam's moments) into the one shard's."""
+    rng = np.random.default_rng(3)
+    grads = []
+    for _ in range(4):
+        ids = np.unique(rng.integers(0, ROWS, 40)).astype(np.int64)
+        step = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+        step["table"] = RowSparse(ids, rng.standard_normal((len(ids), WIDTH)).astype(np.float32),
+                                  ROWS)
+        grads.append(step)
+    want_weights, want_state = trained(plan_placement(SHAPES, 1), grads)
+    got_weights, got_state = trained(plan(3), grads, resume_after=1)
+    for name in SHAPES:
+        assert got_weights[name].tobytes() == want_weights[name].tobytes(), name
+    assert set(got_state.slots) == set(want_state.slots) == {"_momentums", "_velocities"}
+    for attr, slots in want_state.slots.items():
+        for name in SHAPES:
+            assert got_state.slots[attr][name].tobytes() == slots[name].tobytes(), (attr, name)
+    assert got_state.iterations == want_state.iterations == 4
 
 
 @pytest.mark.parametrize("num_shards", [2, 3, 4, 8])
