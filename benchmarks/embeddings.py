@@ -20,7 +20,13 @@ Three systems, each what exists today:
            whole. A run that fails is recorded with its error;
   tf_pss   `tf.distribute.ParameterServerStrategy` on the same DLRM and data:
            2 worker and 2 ps servers (benchmarks/peers.py's), a chief
-           scheduling half-batch steps; asynchronous by design.
+           scheduling half-batch steps; asynchronous by design;
+  placement  no run, the placement alone (`placement_balance`): the
+           hottest shard's share of the distinct rows a step touches of one
+           table of the largest --rows, cut in runs or spread by row id,
+           2 and 4 shards, Zipf ids numbered by frequency or hashed; and the
+           whole pull's join and a dense split of a 100,000 x 64 table each
+           way. Alone: `--systems placement --out FILE` (starts no Ray).
 
 What a row-sparse path would move per global batch is counted from the
 data: each worker pulls and pushes only the rows its part of the batch
@@ -36,6 +42,7 @@ to start).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -50,7 +57,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import _common as common  # noqa: E402
 
-SYSTEMS = ("keras", "towerps", "tf_pss")
+SYSTEMS = ("keras", "towerps", "tf_pss", "placement")
 NUM_WORKERS = NUM_PS = 2
 ROW_INDEX_BYTES = 8  # an int64 row id beside each row on a sparse wire
 SKIPPED = {"status": "skipped", "error": "the time budget (--budget-s) ran out first"}
@@ -127,6 +134,82 @@ def touched_bytes(data, rows: int, batch_size: int, dense: int, batches: int = 1
             "sparse_wire_bytes_per_step": 2 * unique * row_bytes + dense_bytes,
             "dense_wire_bytes_per_step": 2 * NUM_WORKERS * (table_parameters + dense) * 4,
             "table_parameters": table_parameters, "dense_parameters": dense}
+
+
+# --- placement: which shard serves the rows a step touches ---------------------------
+
+PLACEMENT_SHARDS = (2, 4)
+LOOKUPS_PER_EXAMPLE = 26  # the DLRM's: as if its 26 features shared one table
+
+
+def placement_balance(args, rows: int, steps: int = 50, seed: int = 0) -> dict:
+    """The hottest shard's share of the distinct rows a step touches (the
+    rows it pulls and pushes) of one table of `rows` x 16, looked up
+    batch_size x 26 times a step with Zipf ids (criteo.py's law), its rows
+    cut in runs (plan_placement without tables) or spread by row id (as
+    the driver plans an Embedding's table). Ids "ranked": numbered by
+    frequency, the low ids hot (a vocabulary built by counting); "hashed":
+    scattered over the table (criteo.py's bijection, as hashed ids are).
+    Mean and max over `steps` steps; 1 / shards is a perfect spread."""
+    import numpy as np
+
+    from towerps.ps.placement import plan_placement
+    from towerps.workers.criteo import scatter, zipf_ids
+
+    lookups = args.batch_size * LOOKUPS_PER_EXAMPLE
+    out: dict = {"rows": rows, "lookups_per_step": lookups, "steps": steps, "shards": {},
+                 "copies_ms": placement_copies_ms()}
+    for num_shards in PLACEMENT_SHARDS:
+        plans = {"runs": plan_placement({"t": (rows, 16)}, num_shards),
+                 "by_id": plan_placement({"t": (rows, 16)}, num_shards, tables={"t"})}
+        entry = {"fair_share": 1 / num_shards}
+        for layout in ("ranked", "hashed"):
+            rng = np.random.default_rng([seed, num_shards])
+            shares: dict = {name: [] for name in plans}
+            for _ in range(steps):
+                ids = zipf_ids(rng, rows, lookups)
+                if layout == "hashed":
+                    ids = scatter(ids, rows, np.random.default_rng([seed, 99]))
+                ids = np.unique(ids)
+                for name, plan in plans.items():
+                    per_shard = [sum(len(i) for i in part.values())
+                                 for part in plan.split_ids({"t": ids})]
+                    shares[name].append(max(per_shard) / len(ids))
+            entry[layout] = {name: {"hottest_share_mean": statistics.mean(v),
+                                    "hottest_share_max": max(v)} for name, v in shares.items()}
+        out["shards"][str(num_shards)] = entry
+    return out
+
+
+def placement_copies_ms(rows: int = 100_000, width: int = 64, rounds: int = 3,
+                        repeats: int = 5) -> dict:
+    """Median ms of `PlacementPlan.join` of a whole table's slices (a whole
+    pull's one copy) and of `split` (a dense gradient's; views for runs, a
+    copy for rows by id), runs against by id, alternated `rounds` times."""
+    import numpy as np
+
+    from towerps.ps.placement import plan_placement
+
+    table = np.random.default_rng(0).standard_normal((rows, width)).astype(np.float32)
+    out: dict = {"table_bytes": table.nbytes}
+    for num_shards in PLACEMENT_SHARDS:
+        plans = {"runs": plan_placement({"t": table.shape}, num_shards),
+                 "by_id": plan_placement({"t": table.shape}, num_shards, tables={"t"})}
+        parts = {name: {n: a for part in plan.split({"t": table}) for n, a in part.items()}
+                 for name, plan in plans.items()}
+        times: dict = {f"{op}_{name}": [] for op in ("join", "split") for name in plans}
+        for _ in range(rounds):
+            for name, plan in plans.items():
+                for op, call in (("join", lambda: plan.join(parts[name])),
+                                 ("split", lambda: plan.split({"t": table}))):
+                    spent = []
+                    for _ in range(repeats):
+                        t0 = time.perf_counter()
+                        call()
+                        spent.append(time.perf_counter() - t0)
+                    times[f"{op}_{name}"].append(1e3 * statistics.median(spent))
+        out[str(num_shards)] = times
+    return out
 
 
 # --- towerps -----------------------------------------------------------------------
@@ -302,10 +385,13 @@ def main(argv=None) -> dict:
     from towerps.workers.criteo import make_criteo_synthetic
 
     figures: dict = {"movielens": None, "dlrm": {}}
+    if "placement" in systems:
+        figures["placement"] = placement_balance(args, max(rows_list))
     if "keras" in systems:
         figures["movielens"] = keras_movielens(args)
     dense = dense_parameters()
-    with common.local_ray(num_cpus=8), tempfile.TemporaryDirectory() as tmp:
+    ray = common.local_ray(num_cpus=8) if "towerps" in systems else contextlib.nullcontext()
+    with ray, tempfile.TemporaryDirectory() as tmp:
         for rows in rows_list:
             data = make_criteo_synthetic(args.num_examples, rows, seed=0)
             entry = {"touched": touched_bytes(data, rows, args.batch_size, dense)}
@@ -357,6 +443,12 @@ def summarize(figures: dict) -> str:
         said.append(f"touched rows would need {entry['touched']['sparse_wire_bytes_per_step'] / 1e6:,.2f}"
                     f" MB/step (dense {entry['touched']['dense_wire_bytes_per_step'] / 1e6:,.1f})")
         parts.append(", ".join(said))
+    placement = figures.get("placement")
+    for shards, entry in (placement or {}).get("shards", {}).items():
+        ranked = entry["ranked"]
+        parts.append(f"{shards} shards, Zipf ids by frequency: the hottest shard serves "
+                     f"{ranked['runs']['hottest_share_mean']:.0%} of a step's rows in runs, "
+                     f"{ranked['by_id']['hottest_share_mean']:.0%} by row id")
     return "; ".join(parts)
 
 

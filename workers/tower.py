@@ -87,6 +87,23 @@ class Tower:
         return self._ids_model is not None
 
     @property
+    def table_names(self) -> list[str]:
+        """Keys of the trainable tables of every Embedding layer in the model,
+        nested ones included, whether or not `row_ids` can name their rows:
+        what the placement spreads over the shards by row id
+        (ps/placement.py). Known before any gradient; a table whose gradient
+        turns out dense (a regulariser) is placed the same way, correctly."""
+        return [key for key in map(self._trainable_key, _embedding_tables(self.model))
+                if key is not None]
+
+    def _trainable_key(self, variable) -> str | None:
+        try:
+            key = self.variables.key_of(variable)
+        except KeyError:  # not among the model's variables
+            return None
+        return key if key in self._trainable else None
+
+    @property
     def state_names(self) -> list[str]:
         return list(self._state)
 
@@ -195,6 +212,12 @@ class Tower:
                    for (n, v), g, sparse in zip(self._trainable.items(), grads, self._sparse)}
         updates.update((n, _host_array(s)) for n, s in zip(self._state, state))
         return updates, float(loss)
+
+
+def _embedding_tables(model: keras.Model) -> list:
+    """The `embeddings` variable of each Embedding layer in `model`, at any depth."""
+    layers = model._flatten_layers(include_self=False, recursive=True)
+    return [layer.embeddings for layer in layers if isinstance(layer, keras.layers.Embedding)]
 
 
 def _ids_model(model: keras.Model, variables: ModelVariables):

@@ -40,6 +40,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -316,7 +317,7 @@ class Prepared:
         """The plan for `num_shards` (joining a cluster may change the count)."""
         if num_shards == self.plan.num_shards:
             return self.plan
-        return _plan(self.initial, num_shards, self.optimizer)
+        return _plan(self.initial, num_shards, self.optimizer, self.tower.table_names)
 
     def payload(self) -> Payload:
         return Payload(self.initial, frozenset(self.tower.state_names), self.optimizer,
@@ -350,7 +351,7 @@ def build(config: TrainConfig, dataset) -> Prepared:
     compile_model(model, config.optimizer, config.learning_rate)
     tower = Tower(model)
     initial = tower.get_weights()
-    plan = _plan(initial, config.num_ps)
+    plan = _plan(initial, config.num_ps, tables=tower.table_names)
     return Prepared(model, tower, initial, plan, dataset.test_arrays())
 
 
@@ -371,15 +372,18 @@ def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
     user.data.check_mode(config.mode)
     tower = Tower(model, loss=user.loss)
     initial = tower.get_weights()
-    plan = _plan(initial, config.num_ps, spec)
+    plan = _plan(initial, config.num_ps, spec, tower.table_names)
     return Prepared(model, tower, initial, plan, user.data.test_data(), spec, user)
 
 
-def _plan(initial: dict[str, np.ndarray], num_shards: int, optimizer=None) -> PlacementPlan:
-    """Placement of `initial` on `num_shards`; an optimizer that looks at whole
-    variables (OptimizerSpec.whole_variables) never sees a row slice."""
+def _plan(initial: dict[str, np.ndarray], num_shards: int, optimizer=None,
+          tables: Sequence[str] = ()) -> PlacementPlan:
+    """Placement of `initial` on `num_shards`, `tables` (Embedding tables)
+    spread by row id; an optimizer that looks at whole variables
+    (OptimizerSpec.whole_variables) never sees a row slice."""
     whole = optimizer is not None and optimizer.whole_variables
-    return plan_placement({n: w.shape for n, w in initial.items()}, num_shards, keep_whole=whole)
+    return plan_placement({n: w.shape for n, w in initial.items()}, num_shards, keep_whole=whole,
+                          tables=frozenset(tables))
 
 
 def evaluate_run(config: TrainConfig, prepared: Prepared, trained: Trained) -> list[Evaluation]:

@@ -5,6 +5,7 @@
     grad.shape                              # (num_rows, *row_shape): the variable's
     grad.to_dense()                         # every other row zero
     part = grad.rows_between(start, stop)   # a row slice's rows, ids from `start`
+    part = grad.rows_between(k, n, 4)       # rows k, k+4, ...: ids (id - k) // 4
     flat, sparse = to_wire(tensors, 2)      # what a push carries (2: bytes per float)
     grads = from_wire(flat, sparse)         # ... and what a shard makes of it again
 
@@ -75,11 +76,16 @@ class RowSparse:
         out[self.ids] = self.rows
         return out
 
-    def rows_between(self, start: int, stop: int) -> RowSparse:
-        """The gradient of rows [start, stop) as a variable of its own (a
-        placement slice's): ids from `start`, rows as views."""
+    def rows_between(self, start: int, stop: int, stride: int = 1) -> RowSparse:
+        """The gradient of rows start, start + stride, ... below `stop` as a
+        variable of its own (a placement slice's): row `id` is its row
+        (id - start) // stride. Rows as views when `stride` is 1, else copied."""
         lo, hi = np.searchsorted(self.ids, [start, stop])
-        return RowSparse(self.ids[lo:hi] - start, self.rows[lo:hi], stop - start)
+        ids, rows = self.ids[lo:hi] - start, self.rows[lo:hi]
+        if stride > 1:
+            mine = ids % stride == 0
+            ids, rows = ids[mine] // stride, rows[mine]
+        return RowSparse(ids, rows, len(range(start, stop, stride)))
 
     def scaled(self, factor) -> RowSparse:
         """A new RowSparse of rows * factor (clipping), same ids."""

@@ -74,12 +74,12 @@ def flat_classifier():
 EMBEDDING_ROWS, EMBEDDING_WIDTH, EMBEDDING_IDS = 1000, 8, 6
 
 
-def embedding():
+def embedding(rows: int = EMBEDDING_ROWS):
     """Ids -> a plain Keras Embedding table -> a class: the table's
     gradient is row-sparse (an IndexedSlices in TensorFlow). Seeded
     initialisers: the same weights in every process, no global seed."""
     ids = keras.Input((EMBEDDING_IDS,), name="ids")
-    h = keras.layers.Embedding(EMBEDDING_ROWS, EMBEDDING_WIDTH, name="table",
+    h = keras.layers.Embedding(rows, EMBEDDING_WIDTH, name="table",
                                embeddings_initializer=keras.initializers.RandomUniform(
                                    -0.05, 0.05, seed=3))(ids)
     h = keras.layers.Flatten()(h)
@@ -89,6 +89,13 @@ def embedding():
     model.compile(optimizer=keras.optimizers.SGD(0.1),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def wide_embedding():
+    """`embedding` with a table of 20,000 rows (640 KB): on 2 shards it is cut
+    (above a quarter of a shard's fair share), so it is spread by row id;
+    `embedding_data`'s ids reach its first 1,000 rows alone."""
+    return embedding(rows=20 * EMBEDDING_ROWS)
 
 
 def embedding_data(num_train=512, num_test=128, seed=5):

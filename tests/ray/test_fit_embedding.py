@@ -1,9 +1,12 @@
 """towerps.fit with a plain Keras Embedding: the run trains (the table's
 gradient and its pulls travel row-sparse) and ends where plain Keras, or one process
-averaging the workers' gradients, ends.
+averaging the workers' gradients, ends. A table large enough to be cut is
+spread over the shards by row id, checkpointed so and resumed bit for bit.
 
     .venv/bin/python -m pytest tests/ray/test_fit_embedding.py
 """
+
+import json
 
 import keras
 import numpy as np
@@ -11,6 +14,9 @@ import pytest
 
 import towerps
 from tests.models.own import embedding, embedding_data
+from towerps.auth import read_token_file
+from towerps.cluster.api.cli import main
+from towerps.ps.checkpoint import CheckpointStore, checkpoint_key
 from towerps.sparse import RowSparse
 from towerps.workers import Tower
 from towerps.workers.inputs import ArrayData
@@ -75,3 +81,29 @@ def test_two_workers_train_an_embedding_to_the_one_process_weights(ray_cluster, 
     # whole model a step).
     model_bytes = sum(w.nbytes for w in start.values())
     assert result.summary.wire_bytes_per_step < model_bytes
+
+
+def test_a_table_spread_by_row_id_checkpoints_and_resumes_to_the_whole_runs_weights(
+        ray_cluster, tmp_path):
+    """tests/models/own.py's wide_embedding on 2 shards: each checkpoint part
+    holds its shard's rows by id; a run stopped at step 3 (its checkpoint: 2)
+    and resumed ends with the uninterrupted run's weights, bit for bit."""
+    flags = ["--model", "tests.models.own:wide_embedding", "--data",
+             "tests.models.own:embedding_data", "--num-workers", "2", "--num-ps", "2",
+             "--batch-size", str(BATCH), "--seed", str(SEED), "--checkpoint-every", "2",
+             "--log-every", "1"]
+    whole, again = tmp_path / "whole", tmp_path / "again"
+    assert main(["train", *flags, "--steps", "6", "--run-dir", str(whole)]) == 0
+    assert main(["train", *flags, "--steps", "3", "--run-dir", str(again)]) == 0
+    assert main(["train", "--resume", str(again), "--steps", "6"]) == 0
+    assert json.loads((again / "summary.json").read_text())["checkpoints"]["resumed_from"] == 2
+
+    key = checkpoint_key(read_token_file(str(again / "secret")))
+    store = CheckpointStore(str(again / "checkpoints"), key=key)
+    held = [sorted(store.read_part(6, k).params) for k in range(2)]
+    assert [[n for n in names if "embeddings" in n] for names in held] == [
+        ["0000/embeddings:0%2"], ["0000/embeddings:1%2"]]
+    first, second = (keras.models.load_model(d / "model.keras") for d in (whole, again))
+    for a, b in zip(first.weights, second.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert not np.array_equal(first.weights[0].numpy(), embedding(rows=20_000).weights[0].numpy())

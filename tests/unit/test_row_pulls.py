@@ -132,6 +132,27 @@ def test_a_subclassed_model_and_a_model_without_tables_pull_whole():
     assert not Tower(dense).has_tables
 
 
+def test_every_trainable_embedding_table_is_named_for_the_placement_even_pulled_whole():
+    """The placement spreads tables by row id whether or not rows are pulled:
+    a subclassed model's table and a nested model's count, a frozen one not."""
+    sub = Subclassed()
+    sub(np.zeros((1, 2), np.int32))
+    sub.compile(loss="mse")
+    tower = Tower(sub)
+    assert tower.table_names == [tower.variables.key_of(sub.table.embeddings)]
+    inner = embedding()
+    x = keras.Input((inner.input_shape[1],))
+    outer = keras.Model(x, inner(x))
+    outer.compile(loss="mse")
+    assert Tower(outer).table_names == ["0000/embeddings"]
+    frozen = embedding()
+    frozen.get_layer("table").trainable = False
+    assert Tower(frozen).table_names == []
+    dense = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    dense.compile(loss="mse")
+    assert Tower(dense).table_names == []
+
+
 # -- the request and its reply ----------------------------------------------------
 
 def request(*entries):
