@@ -97,19 +97,25 @@ class PlacementPlan:
             load[s.shard] += s.nbytes
         return load
 
-    def split(self, tensors: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    def split(self, tensors: Mapping[str, np.ndarray],
+              present_only: bool = False) -> list[dict[str, np.ndarray]]:
         """Cut whole-variable tensors into each shard's slices (views of
         contiguous slices, copies of strided ones); a row-sparse gradient
-        (RowSparse) into the RowSparse of each slice."""
-        missing = sorted({s.variable for s in self.slices} - set(tensors))
-        unknown = sorted(set(tensors) - {s.variable for s in self.slices})
+        (RowSparse) into the RowSparse of each slice. `present_only`: only
+        the variables in `tensors` (an optimizer's slots, of trainable
+        variables alone), as `join`'s."""
+        placed = {s.variable for s in self.slices}
+        missing = [] if present_only else sorted(placed - set(tensors))
+        unknown = sorted(set(tensors) - placed)
         if missing or unknown:
             raise BadTensor(
                 f"tensors do not match the placement plan: missing {missing}, unknown {unknown}"
             )
         per_shard: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_shards)]
         for s in self.slices:
-            array = tensors[s.variable]
+            array = tensors.get(s.variable)
+            if array is None:
+                continue  # present_only: not among `tensors`
             if s.whole:
                 per_shard[s.shard][s.name] = array
             elif isinstance(array, RowSparse):
