@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from towerps.errors import CheckpointError, ConfigError
 from towerps.ps.parts import (  # noqa: F401  (the part format, re-exported)
-    MAC_BYTES, OLDER_TOWERPS, ShardLayout, ShardState, check_values, checkpoint_key,
+    MAC_BYTES, MAGIC, OLDER_TOWERPS, ShardLayout, ShardState, check_values, checkpoint_key,
     decode_part, encode_part, mac, part_mac,
 )
 from towerps.private import (
@@ -170,6 +170,26 @@ class CheckpointStore:
             raise CheckpointError(f"{where} holds shard {state.index} at version "
                                   f"{state.version}, not shard {index} at {version}")
         return state
+
+    def part_names(self, version: int, index: int) -> set[str] | None:
+        """The names of the variables and non-trainable values shard `index`'s
+        part of `version` holds, from its header alone, unproven (the MAC
+        covers the whole part, which is not read): a hint of the layout the
+        part was written with, never trusted as its content; `read_part`
+        still proves the part a shard goes on from. None when the header
+        cannot be read as one."""
+        try:
+            with self._fs.open_input_file(self.part_path(version, index)) as f:
+                head = f.read(len(MAGIC) + 8)
+                if len(head) < len(MAGIC) + 8 or not head.startswith(MAGIC):
+                    return None
+                length = int.from_bytes(head[len(MAGIC):], "little")
+                if length > f.size():  # unproven: never read more than the part holds
+                    return None
+                header = json.loads(f.read(length))
+            return {a["name"] for a in header["arrays"] if a["group"] != "optimizer"}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def manifest(self, version: int) -> dict:
         """Checkpoint `version`'s MANIFEST.json, once its MAC under this job's

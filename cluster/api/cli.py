@@ -146,7 +146,8 @@ def _train(args, parser) -> int:
         from towerps.cluster.run.driver import resume_config, train
         from towerps.cluster.run.user import resumed_job
 
-        config = resume_config(args.resume, args.address, args.steps, args.token_file)
+        config = resume_config(args.resume, args.address, args.steps, args.token_file,
+                               args.num_ps)
         if config.model_fn is not None:
             import_tensorflow(args.verbose)  # the user's modules import Keras: quietly
         return _report(train(config, resume=True, user=resumed_job(config)))

@@ -87,7 +87,13 @@ class TrainConfig:
         "([deploy/README.md](deploy/README.md)); otherwise 2"))
     num_ps: int = option(2, Flag(
         "--num-ps", "parameter-server shard actors (default: one per node with --address, "
-        "else 2)", parse=int, metavar="N", default=None))
+        "else 2); with --resume, in sync mode, the checkpoint is re-split over N",
+        parse=int, metavar="N", default=None,
+        doc="parameter-server shard actors. Default: one per node with `--address`, else 2. "
+        "With `--resume` (sync mode) a checkpoint of another number of shards is re-split "
+        "over N: its variables and optimizer slots joined whole and cut for the new "
+        "placement, bit for bit ([docs/decisions/0037-resume-into-another-number-of-shards.md]"
+        "(docs/decisions/0037-resume-into-another-number-of-shards.md))"))
     # Joining a cluster: one shard and one worker per alive node, set once the
     # driver has joined (cluster/run/reservation.py); the counts above are checked
     # first, then replaced.

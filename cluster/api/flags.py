@@ -44,12 +44,13 @@ COMMAND_FLAGS = (
          doc="flags from a YAML file (`num_workers: 2`, ...; flags on the command line win); "
          "every run writes its resolved `job.yaml` into its run directory"),
     Flag("--resume", "go on from the latest complete checkpoint of RUN_DIR with its saved "
-         "configuration (only --address and --steps may change it)", metavar="RUN_DIR",
-         default=None, commands=("train",),
+         "configuration (only --address, --steps and, in sync mode, --num-ps may change it)",
+         metavar="RUN_DIR", default=None, commands=("train",),
          doc="go on from the latest complete checkpoint of RUN_DIR with its saved "
-         "configuration (`--address` and `--steps` may change); in sync mode the result is "
-         "the uninterrupted run's, bit for bit. A run of your own model (`--model`, `--data`) "
-         "imports both again; one trained on a tf.data or Ray Data stream, or started from "
+         "configuration (`--address` and `--steps` may change, and in sync mode `--num-ps`: "
+         "the checkpoint's variables and optimizer slots are re-split over the new number "
+         "of shards); in sync mode the result is the uninterrupted run's, bit for bit. A "
+         "run of your own model (`--model`, `--data`) imports both again; one trained on a tf.data or Ray Data stream, or started from "
          "`towerps.fit`, is refused (a stream's position is not in the checkpoint)"),
     Flag("--overwrite", "start afresh in a --run-dir that already holds a run, deleting "
          "that run's results (without it such a directory is refused)", default=False,

@@ -90,10 +90,14 @@ class CheckpointSummary:
     write_s_max: float | None
     part_bytes: list[int]  # per shard: its latest part
     errors: list[str]  # parts that could not be written
+    # The number of parts of checkpoint `resumed_from` when the driver re-split
+    # it for this run's shards (another --num-ps, or another layout); None: each
+    # shard went on from its own part.
+    resharded_from: int | None = None
 
     @classmethod
     def of(cls, every: int, uri: str, complete: list[int], resumed_from: int | None,
-           parts: list[list[dict]]) -> CheckpointSummary:
+           parts: list[list[dict]], resharded_from: int | None = None) -> CheckpointSummary:
         """From each shard's PartRecords (as dicts)."""
         flat = [p for shard in parts for p in shard]
         pauses = [1e3 * p["pause_s"] for p in flat]
@@ -107,6 +111,7 @@ class CheckpointSummary:
             write_s_max=max(writes, default=None),
             part_bytes=[shard[-1]["nbytes"] if shard else 0 for shard in parts],
             errors=[p["error"] for p in flat if p["error"] is not None],
+            resharded_from=resharded_from,
         )
 
 

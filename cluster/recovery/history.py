@@ -54,6 +54,14 @@ def resume_line(version: int, run_dir: str, steps_to_go: int) -> str:
     return f"resuming from checkpoint v{version} in {run_dir}: {steps_to_go} steps to go"
 
 
+def reshard_line(version: int, written_by: int, num_shards: int) -> str:
+    """A resume whose checkpoint the driver re-split (cluster/recovery/resume.py)."""
+    layout = ("in another layout" if written_by == num_shards
+              else f"by {written_by} shard{'s' * (written_by != 1)}")
+    return (f"checkpoint v{version} was written {layout}: resharded {written_by} -> "
+            f"{num_shards}, its variables and optimizer slots re-split for this run's shards")
+
+
 class Stall:
     """Notices a run that makes no update for `after_s` seconds: one line when
     noticed, one when updates come again. Armed by the first update it sees

@@ -106,7 +106,7 @@ class ShardActor:
               mode=None, end_version: int | None = None, state: dict | None = None,
               checkpoints=None, max_examples: int | None = None, credentials=None,
               same_node: str | None = None, sockets=None, verbose: bool = False,
-              layout=None) -> dict:
+              layout=None, part=None) -> dict:
         """Build the shard, start its server; returns where it landed and its address.
 
         `optimizer` is a numpy optimizer's name (with `lr`) or an OptimizerSpec
@@ -124,7 +124,10 @@ class ShardActor:
         one-node cluster the shard listens on a Unix socket there (None: TCP).
         `verbose` shows TensorFlow's start-up lines when a Keras optimizer
         loads it (hidden otherwise, as in the CLI and the workers); `layout` the
-        ShardLayout a replacement's checkpoint part is checked against.
+        ShardLayout a replacement's checkpoint part is checked against; `part`
+        the ShardState to start from instead of reading its part of
+        `resume_version` (a checkpoint the driver re-split for this run's
+        shards: cluster/recovery/resume.py).
         """
         from towerps.ps import Shard, create_server, make_optimizer
         from towerps.ps.checkpoint import PartWriter, ShardLayout, checkpoint_key
@@ -156,7 +159,8 @@ class ShardActor:
             # `layout` (a replacement, started with no variables), else the
             # shapes of the initial variables it was given.
             layout = layout or ShardLayout.of(self._index, num_workers, variables, state)
-            part = checkpoints.store.read_part(resume, self._index)
+            if part is None:
+                part = checkpoints.store.read_part(resume, self._index)
             self._shard = Shard.from_state(part, optimizer, mode, end_version,
                                            max_examples=max_examples, layout=layout)
             self._clocks = list(part.clocks)
@@ -183,11 +187,13 @@ class ShardActor:
         """Each worker's clock in the part this shard started from (None: not resumed)."""
         return self._clocks
 
-    def rollback(self, version: int, rows: dict | None = None) -> int:
+    def rollback(self, version: int, rows: dict | None = None, part=None) -> int:
         """Go back to this shard's part of checkpoint `version`; returns the version.
         `rows` (after a node was lost): the ranks that make a step from now on
-        and each one's rows, set first (Shard.set_workers)."""
-        part = self._checkpoints.store.read_part(version, self._index)
+        and each one's rows, set first (Shard.set_workers). `part`: the
+        ShardState to go back to instead (the driver re-split that checkpoint)."""
+        if part is None:
+            part = self._checkpoints.store.read_part(version, self._index)
         if rows is not None:
             self._shard.set_workers(rows)
         self._shard.restore(part)

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from towerps.cluster.recovery.checkpoint_plan import latest_checkpoint
-from towerps.cluster.recovery.history import resume_line
+from towerps.cluster.recovery.history import reshard_line, resume_line
+from towerps.cluster.recovery.resume import checkpoint_parts
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.api.jobfile import JOB_FILE
 from towerps.cluster.api.run_dirs import claim
@@ -154,6 +155,8 @@ def _train(config: TrainConfig, progress: bool | None, user: UserJob | None, res
             prepared = building.result()
             clock.mark("model_ready")
             job.set_up(prepared.plan_for(config.num_ps), prepared.payload(), resume_version, clock)
+            if job.resumed is not None and job.resumed.resharded_from is not None:
+                log.info(reshard_line(resume_version, job.resumed.resharded_from, config.num_ps))
             config.save(run_dir)  # what --resume reads
             observers = observe(job)
             try:
@@ -277,11 +280,13 @@ def steps_to_go(config: TrainConfig, version: int) -> int:
 
 
 def resume_config(run_dir: str, address: str | None = None, steps: int | None = None,
-                  token_file: str | None = None) -> TrainConfig:
+                  token_file: str | None = None, num_ps: int | None = None) -> TrainConfig:
     """The configuration a run saved, to go on from its latest checkpoint:
-    optionally on another cluster (`address`) or to another end (`steps`),
-    or with the secret its checkpoints were signed with (`token_file`: a run
-    copied from another machine without its token file).
+    optionally on another cluster (`address`), to another end (`steps`), on
+    another number of shards (`num_ps`: sync mode; the driver re-splits the
+    checkpoint, cluster/recovery/resume.py), or with the secret its
+    checkpoints were signed with (`token_file`: a run copied from another
+    machine without its token file).
     UnsafePath when the run directory, config.json, job.yaml or
     placement.json is another user's or others could have changed it: they
     name the code a resume imports and the addresses it dials."""
@@ -297,6 +302,8 @@ def resume_config(run_dir: str, address: str | None = None, steps: int | None = 
         changes["steps"] = steps
     if token_file is not None:
         changes["token_file"] = token_file
+    if num_ps is not None:  # a count given is kept: not one shard per node
+        changes.update(num_ps=num_ps, per_node=False)
     return dataclasses.replace(config, **changes)
 
 
@@ -434,12 +441,14 @@ def export_checkpoint_model(prepared: Prepared, job: Job) -> str | None:
     version = store.latest()
     if version is None:
         return None
-    parts = [store.read_part(version, k) for k in range(job.checkpoints.num_shards)]
+    # Of this run's shards, or of the checkpoint it resumed, by another number of shards.
+    parts, written = checkpoint_parts(store, version,
+                                      {n: a.shape for n, a in prepared.initial.items()})
     slices: dict[str, np.ndarray] = {}
     for part in parts:
         slices.update(part.params)
         slices.update(part.non_trainable)
-    load_trained(prepared, job.plan.join(slices), job.optimizer_state(parts))
+    load_trained(prepared, written.join(slices), job.optimizer_state(parts, written))
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.keras")
         prepared.model.save(path)
@@ -498,7 +507,8 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         checkpoints=None if job.checkpoints is None else CheckpointSummary.of(
             config.checkpoint_every, job.checkpoints.uri,
             job.checkpoints.driver_store().complete(), job.resume_version,
-            trained.checkpoint_parts),
+            trained.checkpoint_parts,
+            resharded_from=job.resumed and job.resumed.resharded_from),
         tls=job.security.tls is not None,
         token_file=job.security.secret_file,
         pushes_nonfinite=sum(c.pushes_nonfinite for c in counters),

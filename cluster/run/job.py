@@ -43,6 +43,7 @@ from towerps.cluster.run.actors import STOP_TIMEOUT_S  # a shard's stop fits ins
 from towerps.cluster.recovery.checkpoint_plan import CheckpointPlan, start_sink
 from towerps.cluster.api.config import TrainConfig
 from towerps.cluster.recovery.liveness import Heartbeat
+from towerps.cluster.recovery.resume import ResumedParts
 from towerps.cluster.run.monitor import WatchResult, watch
 from towerps.cluster.run.placements import PLACEMENT_FILE, Placement, Placements, read_placement
 from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
@@ -116,6 +117,10 @@ class Job:
         self.checkpoints = CheckpointPlan.for_job(config, run_dir)  # None: none taken
         self.sink = None  # the actor that writes parts on the driver's node
         self.resume_version: int | None = None  # started from this checkpoint
+        # Its parts re-split for this run's shards (another --num-ps or layout), in
+        # Ray's object store: the shards start from them, and go back to them.
+        self.resumed: ResumedParts | None = None
+        self._resumed_refs: list = []
         self._shard_checkpoints_spec: ShardCheckpoints | None = None  # what shards were given
         self._shard_args: dict = {}  # start() arguments every shard shares (a replacement too)
         self._layouts: list = []  # each shard's ShardLayout: what its checkpoint parts must hold
@@ -168,11 +173,11 @@ class Job:
             num_nodes = alive_nodes()
             self.security = JobSecurity.create(self.config, self.run_dir, num_nodes=num_nodes,
                                                resume=resume_version is not None)
-            if resume_version is not None:  # its manifest proven before any shard starts
-                self.checkpoints.driver_store(self.security.checkpoint_key).manifest(resume_version)
             if num_nodes == 1:  # other users of the machine cannot reach the shards
                 self.sockets = ShardSockets.for_run(self.run_dir)
             built = self._build_workers(payload)  # meanwhile the shards start
+            if resume_version is not None:  # its manifest proven before any shard starts
+                self._resume_parts(resume_version, plan, payload)
             self._start_shards(plan.split(payload.initial), payload)
             write_cluster_json(self.run_dir, ray.get_runtime_context().get_job_id(),
                                self.addresses, self.security)
@@ -181,6 +186,22 @@ class Job:
             self.stop()
             raise
         return self
+
+    def _resume_parts(self, version: int, plan: PlacementPlan, payload: Payload) -> None:
+        """Checkpoint `version`'s parts for `plan`'s shards: each reads its
+        own, or the driver re-splits them (cluster/recovery/resume.py)."""
+        store = self.checkpoints.driver_store(self.security.checkpoint_key)
+        shapes = {n: a.shape for n, a in payload.initial.items()}
+        resumed = ResumedParts.of(store, version, plan, shapes, self.config.mode)
+        self._resumed_refs = [ray.put(p) for p in resumed.parts]
+        self.resumed = dataclasses.replace(resumed, parts=())  # the driver keeps no copy
+
+    def _resumed_part(self, k: int, version: int):
+        """Shard k's re-split part of checkpoint `version` (an ObjectRef), or
+        None: it reads its own part of that checkpoint."""
+        if self._resumed_refs and version == self.resumed.version:
+            return self._resumed_refs[k]
+        return None
 
     def _shard_checkpoints(self) -> ShardCheckpoints | None:
         plan = self.checkpoints
@@ -210,6 +231,7 @@ class Job:
                          for k in range(len(self.shards))]
         records = get([
             shard.start.remote(params[k], state=states[k], checkpoints=checkpoints,
+                               part=self._resumed_part(k, self.resume_version),
                                **self._shard_args)
             for k, shard in enumerate(self.shards)
         ])
@@ -301,11 +323,13 @@ class Job:
         return Trained(version, params, watched, t_train, wall_s, towers, counters, parts,
                        optimizer)
 
-    def optimizer_state(self, states: list[ShardState]) -> KerasState:
+    def optimizer_state(self, states: list[ShardState],
+                        plan: PlacementPlan | None = None) -> KerasState:
         """The optimizer state of every shard's `states` (live exports or a
-        checkpoint's parts), joined per whole variable, named as Keras names it."""
+        checkpoint's parts, written with `plan`; None: the job's), joined per
+        whole variable, named as Keras names it."""
         return join_optimizer_states([optimizer_state(s, self.optimizer) for s in states],
-                                     self.plan)
+                                     plan or self.plan)
 
     def _towers(self) -> list[list[dict]]:
         """Each worker's towers by rank; [] for a worker lost with its node."""
@@ -347,7 +371,7 @@ class Job:
         self.shards[k] = actor
         spec = dataclasses.replace(self._shard_checkpoints_spec, resume_version=version)
         started = actor.start.remote({}, checkpoints=spec, layout=self._layouts[k],
-                                     **self._shard_args)
+                                     part=self._resumed_part(k, version), **self._shard_args)
         record = (get([started])[0] if node_id is not None else get_in_bundle(
             started, actor, self.reservation, self.reservation.layout.shard_bundle[k],
             f"shard {k}'s replacement"))
@@ -403,8 +427,8 @@ class Job:
                         rows: dict | None = None) -> None:
         """Every shard but `skip` goes back to its part of checkpoint `version`
         (with `rows`, Shard.set_workers first: after a node was lost)."""
-        get([s.rollback.remote(version, rows) for k, s in enumerate(self.shards)
-             if k not in skip])
+        get([s.rollback.remote(version, rows, self._resumed_part(k, version))
+             for k, s in enumerate(self.shards) if k not in skip])
         # Each live shard has flushed its writer: no part of the history given
         # up is still on its way from them, so none can complete a checkpoint.
         self.checkpoints.driver_store().discard_after(version)
