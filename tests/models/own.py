@@ -98,6 +98,15 @@ def wide_embedding():
     return embedding(rows=20 * EMBEDDING_ROWS)
 
 
+def wide_embedding_adam():
+    """`wide_embedding` trained by Adam: its checkpoints carry two slots per
+    variable and a step count."""
+    model = wide_embedding()
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def embedding_data(num_train=512, num_test=128, seed=5):
     """Ids drawn mostly from a few rows (repeats within a batch, most rows
     never touched), as float32 (Keras' Embedding casts them); the label is

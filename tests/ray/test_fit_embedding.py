@@ -83,27 +83,69 @@ def test_two_workers_train_an_embedding_to_the_one_process_weights(ray_cluster, 
     assert result.summary.wire_bytes_per_step < model_bytes
 
 
-def test_a_table_spread_by_row_id_checkpoints_and_resumes_to_the_whole_runs_weights(
-        ray_cluster, tmp_path):
-    """tests/models/own.py's wide_embedding on 2 shards: each checkpoint part
-    holds its shard's rows by id; a run stopped at step 3 (its checkpoint: 2)
-    and resumed ends with the uninterrupted run's weights, bit for bit."""
-    flags = ["--model", "tests.models.own:wide_embedding", "--data",
-             "tests.models.own:embedding_data", "--num-workers", "2", "--num-ps", "2",
-             "--batch-size", str(BATCH), "--seed", str(SEED), "--checkpoint-every", "2",
-             "--log-every", "1"]
-    whole, again = tmp_path / "whole", tmp_path / "again"
-    assert main(["train", *flags, "--steps", "6", "--run-dir", str(whole)]) == 0
-    assert main(["train", *flags, "--steps", "3", "--run-dir", str(again)]) == 0
-    assert main(["train", "--resume", str(again), "--steps", "6"]) == 0
-    assert json.loads((again / "summary.json").read_text())["checkpoints"]["resumed_from"] == 2
+# tests/models/own.py's wide_embedding_adam through the CLI, checkpointed every 2 steps.
+WIDE = ["--model", "tests.models.own:wide_embedding_adam",
+        "--data", "tests.models.own:embedding_data", "--num-workers", "2", "--batch-size", str(BATCH), "--seed", str(SEED),
+        "--checkpoint-every", "2", "--log-every", "1"]
 
-    key = checkpoint_key(read_token_file(str(again / "secret")))
-    store = CheckpointStore(str(again / "checkpoints"), key=key)
-    held = [sorted(store.read_part(6, k).params) for k in range(2)]
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_cluster, tmp_path_factory):
+    """The run of 6 steps on 2 shards the stopped and resumed runs must end as."""
+    whole = tmp_path_factory.mktemp("whole")
+    assert main(["train", *WIDE, "--num-ps", "2", "--steps", "6", "--run-dir", str(whole)]) == 0
+    return keras.models.load_model(whole / "model.keras")
+
+
+def parts_of(run_dir, version, num_shards):
+    key = checkpoint_key(read_token_file(str(run_dir / "secret")))
+    store = CheckpointStore(str(run_dir / "checkpoints"), key=key)
+    assert store.manifest(version)["num_shards"] == num_shards
+    return [store.read_part(version, k) for k in range(num_shards)]
+
+
+def assert_same_weights(model, run_dir):
+    again = keras.models.load_model(run_dir / "model.keras")
+    for a, b in zip(model.weights, again.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert not np.array_equal(model.weights[0].numpy(), embedding(rows=20_000).weights[0].numpy())
+
+
+def test_a_table_spread_by_row_id_checkpoints_and_resumes_to_the_whole_runs_weights(
+        uninterrupted, tmp_path):
+    """On 2 shards each checkpoint part holds its shard's rows by id; a run
+    stopped at step 3 (its checkpoint: 2) and resumed ends with the
+    uninterrupted run's weights, bit for bit."""
+    again = tmp_path / "again"
+    assert main(["train", *WIDE, "--num-ps", "2", "--steps", "3", "--run-dir", str(again)]) == 0
+    assert main(["train", "--resume", str(again), "--steps", "6"]) == 0
+    checkpoints = json.loads((again / "summary.json").read_text())["checkpoints"]
+    assert (checkpoints["resumed_from"], checkpoints["resharded_from"]) == (2, None)
+
+    held = [sorted(part.params) for part in parts_of(again, 6, 2)]
     assert [[n for n in names if "embeddings" in n] for names in held] == [
         ["0000/embeddings:0%2"], ["0000/embeddings:1%2"]]
-    first, second = (keras.models.load_model(d / "model.keras") for d in (whole, again))
-    for a, b in zip(first.weights, second.weights, strict=True):
+    assert_same_weights(uninterrupted, again)
+
+
+def test_a_checkpoint_of_two_shards_resumes_on_three_to_the_whole_runs_weights(
+        uninterrupted, tmp_path):
+    """Stopped at step 3 on 2 shards (checkpoint 2), resumed with --num-ps 3:
+    the driver re-splits the table's rows, the other variables and Adam's
+    slots over 3 shards, whose checkpoints have 3 parts, and the run ends
+    with the 2-shard run's weights and optimizer state, bit for bit."""
+    again = tmp_path / "again"
+    assert main(["train", *WIDE, "--num-ps", "2", "--steps", "3", "--run-dir", str(again)]) == 0
+    assert main(["train", "--resume", str(again), "--steps", "6", "--num-ps", "3"]) == 0
+    summary = json.loads((again / "summary.json").read_text())
+    assert (summary["checkpoints"]["resumed_from"], summary["checkpoints"]["resharded_from"],
+            summary["config"]["num_ps"]) == (2, 2, 3)
+
+    parts = parts_of(again, 6, 3)
+    assert [[n for n in p.params if "embeddings" in n] for p in parts] == [
+        ["0000/embeddings:0%3"], ["0000/embeddings:1%3"], ["0000/embeddings:2%3"]]
+    assert {int(p.optimizer["iterations"]) for p in parts} == {6}
+    assert_same_weights(uninterrupted, again)
+    resumed = keras.models.load_model(again / "model.keras")
+    for a, b in zip(uninterrupted.optimizer.variables, resumed.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    assert not np.array_equal(first.weights[0].numpy(), embedding(rows=20_000).weights[0].numpy())
