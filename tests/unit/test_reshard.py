@@ -11,10 +11,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from towerps.cluster import TrainConfig
+from towerps.cluster.recovery.resume import ResumedParts, checkpoint_parts
+from towerps.cluster.run.driver import resume_config
 from towerps.errors import CheckpointError, ConfigError
 from towerps.ps import Shard, make_optimizer
+from towerps.ps.checkpoint import CheckpointStore
 from towerps.ps.modes import Mode
-from towerps.ps.parts import ShardLayout
+from towerps.ps.parts import ShardLayout, checkpoint_key
 from towerps.ps.placement import plan_placement
 from towerps.ps.reshard import reshard, same_layout, written_layout
 
@@ -26,6 +30,7 @@ SHAPES = {"table": (1000, 8), "dense": (300, 40), "bias": (40,), "moving": (300,
 STATE = {"moving"}
 SLICE_BYTES = 8192
 WORKERS = 2
+KEY = checkpoint_key("a job's secret")
 
 
 def plan(num_shards, tables=("table",)):
@@ -154,3 +159,42 @@ def test_a_part_of_another_model_or_missing_rows_is_refused():
         written_layout([cut, parts[1]], SHAPES)
     with pytest.raises(CheckpointError, match="hold no slice of"):
         written_layout(parts, {**SHAPES, "extra": (4,)})
+
+
+def stored(tmp_path, placement, steps=2):
+    """A complete checkpoint of `placement`'s shards after `steps` steps: its store."""
+    store = CheckpointStore(str(tmp_path / "checkpoints"), key=KEY)
+    shards = fresh_shards(placement)
+    train(shards, placement, steps=steps, seed=6)
+    for shard in shards:
+        store.write_part(shard.export_state())
+    assert store.commit(steps, placement.num_shards)
+    return store, shards
+
+
+def test_the_driver_re_splits_only_a_checkpoint_of_another_count_or_layout(tmp_path):
+    store, shards = stored(tmp_path, plan(2))
+    assert store.part_names(2, 1) == {s.name for s in plan(2).slices if s.shard == 1}
+
+    same = ResumedParts.of(store, 2, plan(2), SHAPES, Mode())
+    assert (same.resharded_from, same.parts) == (None, ())
+    wider = ResumedParts.of(store, 2, plan(3), SHAPES, Mode())
+    assert wider.resharded_from == 2 and len(wider.parts) == 3
+    assert_same(whole(wider.parts, plan(3)), whole([s.export_state() for s in shards], plan(2)))
+    relaid = ResumedParts.of(store, 2, plan(2, tables=()), SHAPES, Mode())
+    assert relaid.resharded_from == 2 and len(relaid.parts) == 2
+
+
+def test_a_checkpoint_of_any_layout_reads_back_whole(tmp_path):
+    store, _ = stored(tmp_path, plan(3))
+    parts, written = checkpoint_parts(store, 2, SHAPES)
+    assert [p.index for p in parts] == [0, 1, 2] and same_layout(written, plan(3))
+
+
+def test_resume_with_num_ps_keeps_the_count_given(tmp_path):
+    TrainConfig(dataset="synthetic", num_ps=2, per_node=True, checkpoint_every=2).save(
+        str(tmp_path))
+    assert (resume_config(str(tmp_path)).num_ps, resume_config(str(tmp_path)).per_node) == (
+        2, True)
+    config = resume_config(str(tmp_path), num_ps=3)
+    assert (config.num_ps, config.per_node) == (3, False)
