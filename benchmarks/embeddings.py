@@ -26,7 +26,15 @@ Three systems, each what exists today:
            table of the largest --rows, cut in runs or spread by row id,
            2 and 4 shards, Zipf ids numbered by frequency or hashed; and the
            whole pull's join and a dense split of a 100,000 x 64 table each
-           way. Alone: `--systems placement --out FILE` (starts no Ray).
+           way. Alone: `--systems placement --out FILE` (starts no Ray);
+  reshard  no run, a resume's driver alone (`reshard_seconds`): a
+           checkpoint of a 500,000 x 32 table (by row id) and a dense
+           layer trained by Adam, written by N shards to a local folder,
+           read back, proven and re-split for M (ResumedParts.of, as
+           `--resume --num-ps M` does before any shard starts), for
+           2 -> 3, 3 -> 2 and 2 -> 4, beside reading the same checkpoint
+           for N shards unchanged (the headers only). Alone: `--systems
+           reshard --out FILE` (starts no Ray).
 
 What a row-sparse path would move per global batch is counted from the
 data: each worker pulls and pushes only the rows its part of the batch
@@ -57,7 +65,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import _common as common  # noqa: E402
 
-SYSTEMS = ("keras", "towerps", "tf_pss", "placement")
+SYSTEMS = ("keras", "towerps", "tf_pss", "placement", "reshard")
 NUM_WORKERS = NUM_PS = 2
 ROW_INDEX_BYTES = 8  # an int64 row id beside each row on a sparse wire
 SKIPPED = {"status": "skipped", "error": "the time budget (--budget-s) ran out first"}
@@ -209,6 +217,55 @@ def placement_copies_ms(rows: int = 100_000, width: int = 64, rounds: int = 3,
                         spent.append(time.perf_counter() - t0)
                     times[f"{op}_{name}"].append(1e3 * statistics.median(spent))
         out[str(num_shards)] = times
+    return out
+
+
+# --- reshard: a resume into another number of shards, the driver's part --------------
+
+RESHARD_CASES = ((2, 3), (3, 2), (2, 4))
+
+
+def reshard_seconds(rows: int = 500_000, width: int = 32, repeats: int = 3) -> dict:
+    """Median seconds of `ResumedParts.of` for each (N, M) of RESHARD_CASES:
+    read every part of a checkpoint of N shards from a local folder, prove
+    it (MAC, manifest, values), join and re-split parameters and Adam's two
+    slots for M; and for (N, N), where only the parts' headers are read."""
+    import numpy as np
+
+    from towerps.cluster.recovery.resume import ResumedParts
+    from towerps.ps import Shard, make_optimizer
+    from towerps.ps.checkpoint import CheckpointStore, checkpoint_key
+    from towerps.ps.modes import Mode
+    from towerps.ps.placement import plan_placement
+
+    shapes = {"table": (rows, width), "dense": (1024, 256), "bias": (256,)}
+    rng = np.random.default_rng(0)
+    initial = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    key = checkpoint_key("benchmark")
+
+    def plan(num_shards):
+        return plan_placement(shapes, num_shards, tables={"table"})
+
+    out: dict = {"table_bytes": initial["table"].nbytes,
+                 "state_bytes": 3 * sum(a.nbytes for a in initial.values())}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sorted({n for n, _ in RESHARD_CASES}):
+            store = CheckpointStore(os.path.join(tmp, f"n{n}"), key=key)
+            shards = [Shard(k, part, make_optimizer("adam", 0.001), 1)
+                      for k, part in enumerate(plan(n).split(initial))]
+            for shard, grads in zip(shards, plan(n).split(initial)):
+                shard.push(0, 0, grads, num_examples=1)
+                store.write_part(shard.export_state())
+            store.commit(1, n)
+            del shards
+            for m in [n, *(m for n_, m in RESHARD_CASES if n_ == n)]:
+                target, spent = plan(m), []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    resumed = ResumedParts.of(store, 1, target, shapes, Mode())
+                    spent.append(time.perf_counter() - t0)
+                    del resumed
+                out[f"{n}->{m}"] = statistics.median(spent)
     return out
 
 
@@ -387,6 +444,8 @@ def main(argv=None) -> dict:
     figures: dict = {"movielens": None, "dlrm": {}}
     if "placement" in systems:
         figures["placement"] = placement_balance(args, max(rows_list))
+    if "reshard" in systems:
+        figures["reshard_s"] = reshard_seconds()
     if "keras" in systems:
         figures["movielens"] = keras_movielens(args)
     dense = dense_parameters()
@@ -449,6 +508,11 @@ def summarize(figures: dict) -> str:
         parts.append(f"{shards} shards, Zipf ids by frequency: the hottest shard serves "
                      f"{ranked['runs']['hottest_share_mean']:.0%} of a step's rows in runs, "
                      f"{ranked['by_id']['hottest_share_mean']:.0%} by row id")
+    resharded = figures.get("reshard_s")
+    if resharded:
+        parts.append(f"a resume's re-split of {resharded['state_bytes'] / 1e6:,.0f} MB of "
+                     "state: " + ", ".join(f"{case} {s:.2f} s" for case, s in resharded.items()
+                                           if "->" in case))
     return "; ".join(parts)
 
 
