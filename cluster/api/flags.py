@@ -50,8 +50,8 @@ COMMAND_FLAGS = (
          "configuration (`--address` and `--steps` may change, and in sync mode `--num-ps`: "
          "the checkpoint's variables and optimizer slots are re-split over the new number "
          "of shards); in sync mode the result is the uninterrupted run's, bit for bit. A "
-         "run of your own model (`--model`, `--data`) imports both again; one trained on a tf.data or Ray Data stream, or started from "
-         "`towerps.fit`, is refused (a stream's position is not in the checkpoint)"),
+         "run of your own model (`--model`, `--data`) imports both again; one trained on a "
+         "tf.data or Ray Data stream, or started from `towerps.fit`, is refused (a stream's position is not in the checkpoint)"),
     Flag("--overwrite", "start afresh in a --run-dir that already holds a run, deleting "
          "that run's results (without it such a directory is refused)", default=False,
          commands=("train",),

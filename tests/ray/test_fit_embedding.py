@@ -85,8 +85,9 @@ def test_two_workers_train_an_embedding_to_the_one_process_weights(ray_cluster, 
 
 # tests/models/own.py's wide_embedding_adam through the CLI, checkpointed every 2 steps.
 WIDE = ["--model", "tests.models.own:wide_embedding_adam",
-        "--data", "tests.models.own:embedding_data", "--num-workers", "2", "--batch-size", str(BATCH), "--seed", str(SEED),
-        "--checkpoint-every", "2", "--log-every", "1"]
+        "--data", "tests.models.own:embedding_data", "--num-workers", "2",
+        "--batch-size", str(BATCH), "--seed", str(SEED), "--checkpoint-every", "2",
+        "--log-every", "1"]
 
 
 @pytest.fixture(scope="module")
