@@ -167,15 +167,15 @@ def _slices_of(variable: str, shape: tuple[int, ...],
             raise CheckpointError(f"the runs {names} of {variable!r} hold {start} rows; the "
                                   f"model's {variable!r} has {rows}")
         return slices
-    strided = {h: _STRIDED.match(suffixes[h[0]]) for h in held}
-    strides = {int(m.group(2)) for m in strided.values() if m}
-    if not all(strided.values()) or len(strides) != 1 \
-            or sorted(int(m.group(1)) for m in strided.values()) != list(range(strides.pop())):
+    matches = [_STRIDED.match(suffixes[name]) for name, _, _ in held]
+    starts_strides = sorted((int(m.group(1)), int(m.group(2))) for m in matches if m)
+    if len(starts_strides) != len(held) or starts_strides != [
+            (k, len(held)) for k in range(len(held))]:
         raise CheckpointError(f"the checkpoint holds {names} of {variable!r}: neither the "
                               "whole variable, nor runs :0 to :c-1, nor the rows k%n for "
                               "every k below one n")
     slices = []
-    for (name, got, k), m in strided.items():
+    for (name, got, k), m in zip(held, matches):
         start, stride = int(m.group(1)), int(m.group(2))
         count = len(range(start, rows, stride))
         _check_rows(variable, name, got, (count, *shape[1:]))

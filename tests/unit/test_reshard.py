@@ -159,6 +159,11 @@ def test_a_part_of_another_model_or_missing_rows_is_refused():
         written_layout([cut, parts[1]], SHAPES)
     with pytest.raises(CheckpointError, match="hold no slice of"):
         written_layout(parts, {**SHAPES, "extra": (4,)})
+    three = [s.export_state() for s in fresh_shards(plan(3))]
+    three[1] = dataclasses.replace(three[1], params={
+        n: a for n, a in three[1].params.items() if not n.startswith("table")})
+    with pytest.raises(CheckpointError, match="nor the rows k%n for every k below one n"):
+        written_layout(three, SHAPES)
 
 
 def stored(tmp_path, placement, steps=2):
