@@ -34,9 +34,14 @@ process applying its gradients directly does (with float32 on the wire).
 
 Row-sparse gradients (src/towerps/sparse.py, an Embedding's): added into
 the dense sum at their rows alone, with the dense sum's bits (`_add_rows`
-says how), so the mean is the one the same gradients pushed dense give;
-a step of one such push is its dense form, written into the buffer. The
-optimizer then sees a dense mean, as ever.
+says how), so the mean is the one the same gradients pushed dense give.
+A variable that only row-sparse pushes named this step has a row-sparse
+mean: the union of the rows they touched, divided, with every other row
++0.0 as in the dense mean (a step of one such push: that push as it came).
+The optimizer decides what to do with the untouched rows (ps/tables.py).
+Such a sum is left all +0.0 again by `clear` (the rows it wrote are
+zeroed), so a step of row-sparse pushes costs the rows they touch, not
+the table: no fill, no division of the whole buffer.
 
 Memory: with a larger quorum the first push of a step is scaled straight
 into the buffer (no zero fill, no temporary) and later ones go through a
@@ -71,6 +76,9 @@ class StepBuffer:
         self._held: dict[int, tuple[Mapping[str, np.ndarray], int, float]] = {}
         # Per variable summed only row-sparse so far this step: the rows touched (_add_rows).
         self._sparse_rows: dict[str, np.ndarray] = {}
+        # Variables whose sum is all +0.0 (`clear` zeroed the rows a step wrote):
+        # a first row-sparse push needs no fill.
+        self._zeroed: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.contributors)
@@ -115,6 +123,7 @@ class StepBuffer:
             if isinstance(grad, RowSparse):
                 self._add_rows(name, grad, n, first)
                 continue
+            self._zeroed.discard(name)
             for total, g in flat_blocks(self._sum[name], grad):
                 # (block of the variable) += n * (same block)
                 if first:
@@ -136,7 +145,9 @@ class StepBuffer:
         total = self._sum[name]
         scaled = grad.rows * n  # [k, *row_shape], as dense: n * g, float32
         if first:
-            total.fill(0)
+            if name not in self._zeroed:
+                total.fill(0)
+            self._zeroed.discard(name)  # until `clear` zeroes the rows written here
             total[grad.ids] = scaled
             self._sparse_rows[name] = grad.ids
             return
@@ -155,22 +166,33 @@ class StepBuffer:
         """Example-weighted mean of the losses (complete once `mean` has run)."""
         return self._loss_sum / self.num_examples
 
-    def mean(self) -> dict[str, np.ndarray]:
+    def mean(self) -> dict[str, np.ndarray | RowSparse]:
         """The example-weighted mean gradient (call once per step): the arrays
         of the step's only push as they came, or, with several, the buffer
-        divided in place after what is still held is added (in rank order)."""
+        divided in place after what is still held is added (in rank order);
+        a variable only row-sparse pushes named: a RowSparse of the rows they
+        touched (new arrays), every other row of its dense mean being +0.0."""
         for rank in sorted(self._held):
             self._add(*self._held.pop(rank))
         if self._first is not None:  # one push: its gradient is the mean, as it came
-            return {name: grad.to_dense(out=self._sum[name]) if isinstance(grad, RowSparse)
-                    else grad for name, grad in self._first[0].items()}
+            return dict(self._first[0])
         scale = np.float32(1.0 / self.num_examples)
-        for grad_sum in self._sum.values():
-            grad_sum *= scale
-        return self._sum
+        mean: dict[str, np.ndarray | RowSparse] = {}
+        for name, grad_sum in self._sum.items():
+            ids = self._sparse_rows.get(name)
+            if ids is None:
+                grad_sum *= scale
+                mean[name] = grad_sum
+            else:  # the dense mean's rows ids, bit for bit: the same float32 product
+                mean[name] = RowSparse(ids, grad_sum[ids] * scale, len(grad_sum))
+        return mean
 
     def clear(self) -> None:
-        """Start a new step (the next first push overwrites the sums)."""
+        """Start a new step (the next first push overwrites the sums). A sum
+        only row-sparse pushes wrote is zeroed at their rows, so all +0.0."""
+        for name, ids in self._sparse_rows.items():
+            self._sum[name][ids] = 0
+            self._zeroed.add(name)
         self.contributors.clear()
         self._held.clear()
         self.num_examples = 0

@@ -157,7 +157,8 @@ def mean_of(pushes, quorum, as_dense, order=None):
     for rank, grad, n in (pushes if order is None else [pushes[i] for i in order]):
         value = grad.to_dense() if as_dense and isinstance(grad, RowSparse) else grad
         buffer.add(rank, {"table": value}, num_examples=n, loss=0.0)
-    return buffer.mean()["table"].copy()
+    mean = buffer.mean()["table"]  # row-sparse when only row-sparse pushes named it
+    return mean.to_dense() if isinstance(mean, RowSparse) else mean.copy()
 
 
 @pytest.mark.parametrize("counts", [(8,), (8, 8), (5, 11, 3), (1, 7, 2, 30)])
