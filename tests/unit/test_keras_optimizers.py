@@ -6,6 +6,7 @@ with a message naming the supported ones.
 """
 
 import inspect
+from dataclasses import replace
 
 import keras
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from towerps.errors import ConfigError
 from towerps.ps import Shard, plan_placement
-from towerps.ps.keras_optimizer import REFUSED, SUPPORTED, optimizer_spec
+from towerps.ps.keras_optimizer import REFUSED, SUPPORTED, check_table_optimizer, optimizer_spec
 
 pytestmark = pytest.mark.unit
 
@@ -103,7 +104,10 @@ def test_the_numpy_fast_paths_are_chosen_only_for_their_exact_update():
     assert optimizer_spec(keras.optimizers.SGD(0.1)).name == "sgd"
     assert optimizer_spec(keras.optimizers.SGD(0.1, momentum=0.8)).hyper == (("momentum", 0.8),)
     assert optimizer_spec(keras.optimizers.Adam(0.002)).name == "adam"
+    assert optimizer_spec(keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2)).hyper \
+        == (("initial_accumulator_value", 0.2), ("epsilon", 1e-7))
     for slow in (keras.optimizers.Adam(schedule()), keras.optimizers.Adam(0.1, amsgrad=True),
+                 keras.optimizers.Adagrad(0.1, weight_decay=0.01),
                  keras.optimizers.SGD(0.1, nesterov=True, momentum=0.9),
                  keras.optimizers.SGD(0.1, clipvalue=1.0)):
         assert optimizer_spec(slow).runs_keras
@@ -113,6 +117,17 @@ def test_clipnorm_and_whole_variable_optimizers_are_never_sliced():
     assert optimizer_spec(keras.optimizers.Adam(0.1, clipnorm=1.0)).whole_variables
     assert optimizer_spec(keras.optimizers.Adafactor(0.1)).whole_variables
     assert not optimizer_spec(keras.optimizers.AdamW(0.1)).whole_variables
+
+
+def test_lazy_tables_are_refused_for_an_optimizer_keras_runs_naming_those_that_take_it():
+    spec = optimizer_spec(keras.optimizers.AdamW(0.01, weight_decay=0.1))
+    check_table_optimizer(spec, "exact")
+    with pytest.raises(ConfigError, match="AdamW.*table_optimizer='exact'") as err:
+        check_table_optimizer(spec, "lazy")
+    assert all(name in str(err.value) for name in ("SGD", "Adam", "Adagrad"))
+    with pytest.raises(ConfigError, match="--table-optimizer lazy"):
+        replace(spec, table_optimizer="lazy").build()
+    check_table_optimizer(optimizer_spec(keras.optimizers.Adam(0.01)), "lazy")  # numpy: taken
 
 
 def test_global_clipnorm_is_left_to_the_worker():
