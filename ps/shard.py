@@ -156,9 +156,11 @@ class Shard:
         self._log = StepLog(log_capacity)
         self._push_rate = RateMeter()
         # sync: the step being gathered (gradients and state values alike)
+        # A row-sparse mean only for an optimizer that updates its rows alone:
+        # for any other, the buffer's dense mean spares a table-sized array a step.
         self._buffer = StepBuffer(
             {**self._params, **self._state}, ordered=self.mode.sum_order == "rank",
-            quorum=self._quorum,
+            quorum=self._quorum, row_sparse_mean=optimizer.updates_by_rows,
         )
         self._last_step = [-1] * num_workers  # per worker: the latest step it pushed
         self._clocks = [0] * num_workers  # per worker: gradients pushed before the end
