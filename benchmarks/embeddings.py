@@ -428,10 +428,10 @@ def summarize(figures: dict) -> str:
     apply = figures.get("table_apply")
     if apply:
         r = apply["ratios"]
-        parts.append(f"a {apply['table_rows']:,}-row table's shard apply, touched rows vs every "
-                     f"row: sgd {r['sgd_dense_over_rows_apply']:.0f}x, adagrad "
-                     f"{r['adagrad_dense_over_rows_apply']:.0f}x, lazy vs exact Adam "
-                     f"{r['adam_exact_over_lazy_apply']:.0f}x less")
+        parts.append(f"a {apply['table_rows']:,}-row table's shard apply a step, every row / "
+                     f"touched rows: sgd {r['sgd_dense_over_rows_apply']:.1f}x, adagrad "
+                     f"{r['adagrad_dense_over_rows_apply']:.1f}x; exact / lazy Adam "
+                     f"{r['adam_exact_over_lazy_apply']:.1f}x")
     for rows, entry in figures["dlrm"].items():
         said = [f"DLRM {int(rows):,} rows/table"]
         for system in ("towerps", "tf_pss"):

@@ -164,7 +164,7 @@ class KerasOptimizer(Optimizer):
 
     def apply(self, params, grads, lr_scale: float = 1.0) -> None:
         if lr_scale != 1.0:
-            raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only, "
+            raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam/adagrad only, "
                               f"not of Keras' {self.name}; drop --staleness-lr")
         checked = {name: _checked(name, params, g) for name, g in grads.items()}
         if not self._variables:

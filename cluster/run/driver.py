@@ -367,7 +367,7 @@ def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
     spec = optimizer_spec(model.optimizer)
     check_table_optimizer(spec, config.table_optimizer)
     if spec.runs_keras and config.mode.staleness_lr:
-        raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only; "
+        raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam/adagrad only; "
                           f"the model's {spec.name} runs as Keras' own: drop --staleness-lr")
     user.data.check_mode(config.mode)
     tower = Tower(model, loss=user.loss)
