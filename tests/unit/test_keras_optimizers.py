@@ -165,3 +165,22 @@ def test_a_keras_optimizer_state_loads_into_a_fresh_shard_optimizer():
         second.apply(resumed, step)
     for k in SHAPES:
         np.testing.assert_array_equal(resumed[k], ran[k])
+
+
+def test_a_keras_run_optimizer_applies_a_row_sparse_gradient_as_its_dense_form():
+    from towerps.sparse import RowSparse
+
+    spec = optimizer_spec(keras.optimizers.RMSprop(0.01))
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((20, 4)).astype(np.float32)
+    grads = [RowSparse(np.array(ids, np.int64), rng.standard_normal((3, 4)).astype(np.float32), 20)
+             for ids in ([1, 5, 9], [0, 5, 19])]
+    results = []
+    for as_dense in (False, True):
+        shard = Shard(0, {"0000/embeddings": table}, spec.build(), num_workers=1)
+        for step, grad in enumerate(grads):
+            shard.push(0, step, {"0000/embeddings": grad.to_dense() if as_dense else grad},
+                       num_examples=4)
+        results.append(shard.pull(2, timeout_s=5)[1]["0000/embeddings"])
+    assert results[0].tobytes() == results[1].tobytes()
+    assert not np.array_equal(results[0][5], table[5])  # it trained
