@@ -232,7 +232,9 @@ class Optimizer:
     def _slot(self, slot: str, var: str, shape: tuple) -> np.ndarray:
         arr = self._slots[slot].get(var)
         if arr is None:
-            arr = self._slots[slot][var] = np.full(shape, self._slot_initial(slot), dtype=_F32)
+            initial = self._slot_initial(slot)  # zeros: calloc's pages, touched when used
+            arr = self._slots[slot][var] = (np.zeros(shape, dtype=_F32) if initial == 0
+                                            else np.full(shape, initial, dtype=_F32))
         elif arr.shape != shape:
             raise BadTensor(f"slot {slot}/{var} has shape {arr.shape} but the gradient has "
                             f"{shape}; the optimizer state belongs to another model")
