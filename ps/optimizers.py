@@ -21,6 +21,14 @@ update tried first on block-sized copies (`_refuse_nonfinite`).
 Updates are element-wise, so they run over flat blocks of BLOCK_ELEMENTS
 (`flat_blocks`): the same arithmetic per element, with temporaries of one
 block (in cache) rather than of a whole variable.
+
+Embedding tables: a gradient may be a RowSparse (the rows a step touched).
+An optimizer whose zero-gradient update changes nothing
+(`zero_gradient_is_identity`: sgd, adagrad) updates those rows alone, bit
+for bit the dense update; the others update every row (`tables="exact"`,
+untouched rows' moments decay) or, with `tables="lazy"`, the touched rows
+alone with their own slots (ps/tables.py).
+
 Not thread safe: the shard holds its lock around `apply`, `state` and
 `load_state`.
 """
@@ -33,9 +41,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from towerps.choices import DEFAULT_LR, OPTIMIZERS
+from towerps.choices import DEFAULT_LR, OPTIMIZERS, TABLE_OPTIMIZERS
 from towerps.errors import BadTensor, ConfigError, NotFinite
 from towerps.ps.checks import FLT_MAX, peak_magnitude
+from towerps.ps.tables import Operands, operands
+from towerps.sparse import RowSparse
 
 _F32 = np.float32
 _ITERATIONS_KEY = "iterations"
@@ -84,9 +94,12 @@ ITERATIONS_ATTRIBUTE = "_iterations"  # Keras' optimizer.iterations counter
 class Optimizer:
     """Updates numpy float32 variables in place from their gradients.
 
-    Slots (momentum, Adam's moments) are created lazily, zero filled, the
-    first time a variable name is updated. `iterations` counts `apply` calls,
-    as Keras' `optimizer.iterations` counts `apply_gradients` calls.
+    Slots (momentum, Adam's moments) are created lazily, filled with
+    `_slot_initial` (zero), the first time a variable name is updated.
+    `iterations` counts `apply` calls, as Keras' `optimizer.iterations`
+    counts `apply_gradients` calls. `tables` ("exact" or "lazy", one of
+    TABLE_OPTIMIZERS) says how a row-sparse gradient is applied (module
+    docstring).
     """
 
     name = "base"
@@ -94,8 +107,9 @@ class Optimizer:
     # slot -> the list attribute of the Keras optimizer with the same update
     keras_slots: dict[str, str] = {}
 
-    def __init__(self, lr: float):
+    def __init__(self, lr: float, *, tables: str = "exact"):
         self.lr = _check_lr(self.name, lr)
+        self.tables = check_tables(tables)
         self.iterations = 0
         # slot name -> variable name -> array shaped like the variable
         self._slots: dict[str, dict[str, np.ndarray]] = {s: {} for s in self.slot_names}
@@ -117,16 +131,34 @@ class Optimizer:
         # Keras keeps lr in a float32 variable: round the scaled rate once, the same way.
         lr = _F32(self.lr * lr_scale)
         # Slots too are checked (and created) before the first variable changes.
-        slots = {name: {s: self._slot(s, name, g.shape) for s in self.slot_names}
-                 for name, g in checked.items()}
-        unproven = {name: g for name, g in checked.items()
-                    if not self._proven_finite(float(lr), params[name], g, slots[name])}
-        self._refuse_nonfinite(params, unproven, slots, lr)
-        for name, grad in checked.items():
-            names = list(slots[name])
-            for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
+        slots = {name: {s: self._slot(s, name, params[name].shape) for s in self.slot_names}
+                 for name in checked}
+        by_rows = self.updates_by_rows
+        work = {name: operands(params[name], g, slots[name], by_rows)
+                for name, g in checked.items()}
+        unproven = {name: ops for name, ops in work.items()
+                    if not self._proven_finite(float(lr), ops.value, ops.grad, ops.slots)}
+        self._refuse_nonfinite(unproven, lr)
+        for ops in work.values():
+            names = list(ops.slots)
+            for w, g, *slot_blocks in flat_blocks(ops.value, ops.grad, *ops.slots.values()):
                 self._update(w, g, dict(zip(names, slot_blocks)), lr)
+            ops.write_back()
         self.iterations += 1
+
+    @property
+    def updates_by_rows(self) -> bool:
+        """Whether a row-sparse gradient updates its rows alone (ps/tables.py):
+        always when that is the dense update (`zero_gradient_is_identity`),
+        else under `tables="lazy"`."""
+        return self.zero_gradient_is_identity or self.tables == "lazy"
+
+    @property
+    def zero_gradient_is_identity(self) -> bool:
+        """Whether a gradient of +0.0 leaves a value and its slots as they
+        are, bit for bit (-0.0 included): then the rows a step did not touch
+        need no update at all. False unless an optimizer proves it."""
+        return False
 
     def _proven_finite(self, lr: float, w, g, slots: dict[str, np.ndarray]) -> bool:
         """Whether the update of variable `w` by gradient `g` provably stays
@@ -142,16 +174,17 @@ class Optimizer:
         within HEADROOM, intermediate results included. False: not proven."""
         return False
 
-    def _refuse_nonfinite(self, params, grads, slots, lr) -> None:
-        """Raise NotFinite if this update would make any variable or slot NaN
-        or infinite. It runs the update on copies of each block (in cache:
-        no memory beyond a block per array), so the update `apply` makes
-        next is bit for bit the one checked here; it costs about one more
-        update of `grads`' variables, which `_bounded` spares almost always."""
+    def _refuse_nonfinite(self, work: dict[str, Operands], lr) -> None:
+        """Raise NotFinite if this update of `work` (variable name -> its
+        operands) would make any variable or slot NaN or infinite. It runs
+        the update on copies of each block (in cache: no memory beyond a
+        block per array), so the update `apply` makes next is bit for bit
+        the one checked here; it costs about one more update of `work`,
+        which `_bounded` spares almost always."""
         scratch = [np.empty(BLOCK_ELEMENTS, _F32) for _ in range(1 + len(self.slot_names))]
-        for name, grad in grads.items():
-            names = list(slots[name])
-            for w, g, *slot_blocks in flat_blocks(params[name], grad, *slots[name].values()):
+        for name, ops in work.items():
+            names = list(ops.slots)
+            for w, g, *slot_blocks in flat_blocks(ops.value, ops.grad, *ops.slots.values()):
                 copies = [s[:w.size] for s in scratch]
                 for copy, block in zip(copies, (w, *slot_blocks)):
                     np.copyto(copy, block)
@@ -199,11 +232,17 @@ class Optimizer:
     def _slot(self, slot: str, var: str, shape: tuple) -> np.ndarray:
         arr = self._slots[slot].get(var)
         if arr is None:
-            arr = self._slots[slot][var] = np.zeros(shape, dtype=_F32)
+            initial = self._slot_initial(slot)  # zeros: calloc's pages, touched when used
+            arr = self._slots[slot][var] = (np.zeros(shape, dtype=_F32) if initial == 0
+                                            else np.full(shape, initial, dtype=_F32))
         elif arr.shape != shape:
             raise BadTensor(f"slot {slot}/{var} has shape {arr.shape} but the gradient has "
                             f"{shape}; the optimizer state belongs to another model")
         return arr
+
+    def _slot_initial(self, slot: str) -> float:
+        """The value a new slot starts at (Keras' initializer of that slot)."""
+        return 0.0
 
     def _update(self, w: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray],
                 lr: np.float32) -> None:
@@ -217,6 +256,10 @@ class SGD(Optimizer):
     """w -= lr * g"""
 
     name = "sgd"
+
+    @property
+    def zero_gradient_is_identity(self) -> bool:
+        return True  # lr > 0 and finite: +0.0 * lr is +0.0, and x - +0.0 is x
 
     def _bounded(self, lr, value, grad, slots):
         return value + lr * grad <= HEADROOM
@@ -233,8 +276,8 @@ class Momentum(Optimizer):
     # Keras' velocity has the same sign: both add m to w.
     keras_slots = {"momentum": "momentums"}
 
-    def __init__(self, lr: float, momentum: float = 0.9):
-        super().__init__(lr)
+    def __init__(self, lr: float, momentum: float = 0.9, *, tables: str = "exact"):
+        super().__init__(lr, tables=tables)
         self.momentum = momentum
 
     def _bounded(self, lr, value, grad, slots):
@@ -265,8 +308,8 @@ class Adam(Optimizer):
     keras_slots = {"m": "_momentums", "v": "_velocities"}
 
     def __init__(self, lr: float, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-7):
-        super().__init__(lr)
+                 epsilon: float = 1e-7, *, tables: str = "exact"):
+        super().__init__(lr, tables=tables)
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
 
     def _bounded(self, lr, value, grad, slots):
@@ -299,7 +342,49 @@ class Adam(Optimizer):
         w -= step
 
 
-_CLASSES = {cls.name: cls for cls in (SGD, Momentum, Adam)}
+class Adagrad(Optimizer):
+    """Keras 3 Adagrad, in Keras' order of operations:
+
+        a += g*g                        a starts at initial_accumulator_value
+        w -= (lr * g) / sqrt(a + epsilon)
+    """
+
+    name = "adagrad"
+    slot_names = ("accumulator",)
+    keras_slots = {"accumulator": "_accumulators"}
+
+    def __init__(self, lr: float, initial_accumulator_value: float = 0.1,
+                 epsilon: float = 1e-7, *, tables: str = "exact"):
+        super().__init__(lr, tables=tables)
+        self.initial_accumulator_value, self.epsilon = initial_accumulator_value, epsilon
+
+    @property
+    def zero_gradient_is_identity(self) -> bool:
+        # a + 0 is a; (lr * +0.0) / sqrt(a + epsilon) is +0.0 when a + epsilon > 0
+        # (a >= its start >= 0), and x - +0.0 is x. Without that, 0/0 is NaN.
+        return self.epsilon > 0 and self.initial_accumulator_value >= 0
+
+    def _slot_initial(self, slot):
+        return self.initial_accumulator_value
+
+    def _bounded(self, lr, value, grad, slots):
+        if not self.zero_gradient_is_identity:
+            return False  # hyperparameters this bound does not cover: try the update
+        a = slots["accumulator"] + grad * grad
+        step = lr * grad / math.sqrt(self.epsilon)  # sqrt(a + epsilon) >= sqrt(epsilon)
+        return max(a, lr * grad, value + step) <= HEADROOM
+
+    def _update(self, w, g, slots, lr):
+        a = slots["accumulator"]
+        a += np.square(g)
+        denominator = a + _F32(self.epsilon)
+        np.sqrt(denominator, out=denominator)
+        step = g * lr
+        step /= denominator
+        w -= step
+
+
+_CLASSES = {cls.name: cls for cls in (SGD, Momentum, Adam, Adagrad)}
 
 
 @dataclass(frozen=True)
@@ -314,7 +399,9 @@ class OptimizerSpec:
     gradient to this global norm before pushing.
     `exclude_from_weight_decay`: the regular expression Keras'
     `exclude_from_weight_decay(var_names=...)` made, matched against the
-    variables' short names ("bias").
+    variables' short names ("bias"). `table_optimizer`: how a row-sparse
+    gradient is applied, "exact" or "lazy" (ps/tables.py; a Keras optimizer
+    takes "exact" only).
     """
 
     name: str
@@ -324,6 +411,7 @@ class OptimizerSpec:
     whole_variables: bool = False
     global_clipnorm: float | None = None
     exclude_from_weight_decay: str | None = None  # Keras: the var_names pattern
+    table_optimizer: str = "exact"  # one of TABLE_OPTIMIZERS
 
     @property
     def runs_keras(self) -> bool:
@@ -331,20 +419,30 @@ class OptimizerSpec:
 
     def build(self) -> Optimizer:
         if self.keras_config is None:
-            optimizer = make_optimizer(self.name, self.lr)
+            optimizer = make_optimizer(self.name, self.lr, self.table_optimizer)
             for key, value in self.hyper:
                 setattr(optimizer, key, value)
             return optimizer
         from towerps.ps.keras_optimizer import KerasOptimizer
 
-        return KerasOptimizer(self.keras_config, self.exclude_from_weight_decay)
+        return KerasOptimizer(self.keras_config, self.exclude_from_weight_decay,
+                              self.table_optimizer)
 
 
-def make_optimizer(name: str, lr: float | None = None) -> Optimizer:
-    """The optimizer called `name` (one of OPTIMIZERS); lr None → DEFAULT_LR[name]."""
+def make_optimizer(name: str, lr: float | None = None, tables: str = "exact") -> Optimizer:
+    """The optimizer called `name` (one of OPTIMIZERS); lr None → DEFAULT_LR[name];
+    `tables` how it applies a row-sparse gradient (one of TABLE_OPTIMIZERS)."""
     if name not in _CLASSES:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
-    return _CLASSES[name](DEFAULT_LR[name] if lr is None else lr)
+    return _CLASSES[name](DEFAULT_LR[name] if lr is None else lr, tables=tables)
+
+
+def check_tables(tables: str) -> str:
+    """`tables` if it is one of TABLE_OPTIMIZERS; ConfigError naming them otherwise."""
+    if tables not in TABLE_OPTIMIZERS:
+        raise ConfigError(f"--table-optimizer {tables!r} is not known; choose one of "
+                          f"{', '.join(TABLE_OPTIMIZERS)}")
+    return tables
 
 
 def _check_lr(name: str, lr) -> float:
@@ -355,11 +453,20 @@ def _check_lr(name: str, lr) -> float:
     return float(lr)
 
 
-def _checked_grad(name: str, params: dict[str, np.ndarray], grad) -> np.ndarray:
-    """`grad` as a float32 array, after checking it against variable `name`."""
+def _checked_grad(name: str, params: dict[str, np.ndarray], grad):
+    """`grad` as a float32 array (a RowSparse: with float32 rows), after
+    checking it against variable `name`. A RowSparse's ids were checked
+    where it came in (ps/checks.py)."""
     if name not in params:
         raise BadTensor(f"gradient for unknown variable {name!r}; this shard holds "
                         f"{sorted(params)[:10]}{' ...' if len(params) > 10 else ''}")
+    if isinstance(grad, RowSparse):
+        var = params[name]
+        if grad.shape != var.shape or len(grad.ids) != len(grad.rows):
+            raise BadTensor(f"gradient {name!r} has shape {grad.shape} ({len(grad.ids)} ids "
+                            f"for {len(grad.rows)} rows), variable has {var.shape}")
+        rows = _checked_grad(name, {name: var[:len(grad.rows)]}, grad.rows)
+        return RowSparse(grad.ids, rows, grad.num_rows)
     var, grad = params[name], np.asarray(grad)
     if grad.shape != var.shape:
         raise BadTensor(f"gradient {name!r} has shape {grad.shape}, variable has {var.shape}")

@@ -81,7 +81,6 @@ from towerps.ps.parts import ShardLayout, ShardState, check_values
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
-from towerps.sparse import RowSparse
 from towerps.wire import TensorSpec, spec_of
 
 T = TypeVar("T")
@@ -157,9 +156,11 @@ class Shard:
         self._log = StepLog(log_capacity)
         self._push_rate = RateMeter()
         # sync: the step being gathered (gradients and state values alike)
+        # A row-sparse mean only for an optimizer that updates its rows alone:
+        # for any other, the buffer's dense mean spares a table-sized array a step.
         self._buffer = StepBuffer(
             {**self._params, **self._state}, ordered=self.mode.sum_order == "rank",
-            quorum=self._quorum,
+            quorum=self._quorum, row_sparse_mean=optimizer.updates_by_rows,
         )
         self._last_step = [-1] * num_workers  # per worker: the latest step it pushed
         self._clocks = [0] * num_workers  # per worker: gradients pushed before the end
@@ -340,8 +341,10 @@ class Shard:
         """
         t0 = time.perf_counter()
         try:
+            # A table's gradient may be row-sparse (a push's, or a sync step's
+            # mean): the optimizer updates its rows alone or every row (ps/tables.py).
             self._optimizer.apply(
-                self._params, {n: _dense(pushed[n]) for n in self._params}, lr_scale=lr_scale
+                self._params, {n: pushed[n] for n in self._params}, lr_scale=lr_scale
             )
         except NotFinite as err:
             self._refuse_update(source, str(err), staleness)
@@ -623,12 +626,6 @@ class Shard:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-
-
-def _dense(grad) -> np.ndarray:
-    """An async or ssp push's row-sparse gradient made dense: the optimizer
-    applies to every row, as to a dense push (a sync step's mean is dense already)."""
-    return grad.to_dense() if isinstance(grad, RowSparse) else grad
 
 
 def _frozen_copy(array: np.ndarray) -> np.ndarray:

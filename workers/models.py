@@ -97,6 +97,7 @@ def compile_model(model: keras.Model, optimizer: str = "sgd", lr: float | None =
         "sgd": lambda: keras.optimizers.SGD(lr),
         "momentum": lambda: keras.optimizers.SGD(lr, momentum=0.9),
         "adam": lambda: keras.optimizers.Adam(lr),
+        "adagrad": lambda: keras.optimizers.Adagrad(lr),
     }
     if optimizer not in keras_optimizers:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of "

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from towerps import options
 from towerps.choices import (DATASETS, DEFAULT_LR, DEFAULT_MODEL, MODELS, OPTIMIZERS, PUSH_PULL,
-                             TLS_CHOICES, TRANSPORTS, WIRE_DTYPES)
+                             TABLE_OPTIMIZERS, TLS_CHOICES, TRANSPORTS, WIRE_DTYPES)
 from towerps.errors import ConfigError
 from towerps.options import Flag, option
 from towerps.private import read_private_file, write_private_file
@@ -120,6 +120,21 @@ class TrainConfig:
         "one it is compiled with)", choices=OPTIMIZERS))
     lr: float | None = option(None, Flag(  # None: the optimizer's default
         "--lr", f"learning rate (default per optimizer: {_LRS})", parse=float, metavar="X"))
+    # How a shard applies an embedding table's row-sparse gradient (ps/tables.py):
+    # "exact", the dense update (every row's moments decay); "lazy", the rows a
+    # step touched and their slots alone (TF's LazyAdam). sgd and adagrad: the same.
+    table_optimizer: str = option("exact", Flag(
+        "--table-optimizer", "embedding tables: exact (every row's optimizer slots move each "
+        "step, as in one process) or lazy (only the rows a step touched, and their slots: "
+        "TF's LazyAdam); sgd and adagrad update the touched rows alone either way",
+        choices=TABLE_OPTIMIZERS,
+        doc="how a shard applies an embedding table's row-sparse gradient. `exact`: the "
+        "dense update, as one process makes it (Adam's and momentum's slots of rows a step "
+        "did not touch still decay); `lazy`: only the rows a step touched, and their slots, "
+        "change (TF's LazyAdam), so a step costs those rows. sgd and adagrad update the "
+        "touched rows alone either way, bit for bit the dense update. A Keras optimizer "
+        "run as Keras' own (weight decay, schedules, ...) takes `exact` only "
+        "([docs/design.md](docs/design.md), \"Embedding tables\")"))
     seed: int = option(0, Flag(
         "--seed", "seed of the initial weights and of the data's order", parse=int,
         metavar="N"))
@@ -259,6 +274,7 @@ class TrainConfig:
             raise ConfigError(
                 f"mode {self.mode!r} is not a Mode; pass e.g. Mode('ssp', staleness=2) or 'ssp:2'"
             )
+        _choice("--table-optimizer", self.table_optimizer, TABLE_OPTIMIZERS)
         _choice("--tls", self.tls, TLS_CHOICES)
         if self.tls_dir is not None and self.tls == "off":
             raise ConfigError("--tls-dir gives certificates but --tls is off; drop one of them")

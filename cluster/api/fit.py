@@ -60,7 +60,8 @@ def fit(build_model: Callable | str, train, validation=None, *, num_workers: int
     keras.Model compiled with its optimizer, loss and metrics; it is called
     here and in every worker. `loss` is for a model compiled without one.
     `address`: a Ray cluster ("auto", "host:port"), None: a local one.
-    `options`: any other TrainConfig field (mode, seed, run_dir, ...).
+    `options`: any other TrainConfig field (mode, seed, run_dir, table_optimizer,
+    ...).
     Raises a TowerpsError naming the problem before any actor starts when
     the model, its optimizer or the data cannot be used, and a ConfigError
     when `run_dir` already holds a run (`overwrite=True` deletes that run's

@@ -366,15 +366,16 @@ def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
     """Build the user's model here and check it, its optimizer and data. No Ray."""
     from towerps.cluster.run.user import check_model
     from towerps.workers import Tower
-    from towerps.ps.keras_optimizer import optimizer_spec
+    from towerps.ps.keras_optimizer import check_table_optimizer, optimizer_spec
 
     model = check_model(user.build_model, user.loss)
     if model.optimizer is None:
         raise ConfigError(f"model {model.name!r} is not compiled: compile it with an optimizer "
                           "and a loss (model.compile(optimizer=..., loss=...))")
     spec = optimizer_spec(model.optimizer)
+    check_table_optimizer(spec, config.table_optimizer)
     if spec.runs_keras and config.mode.staleness_lr:
-        raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam only; "
+        raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam/adagrad only; "
                           f"the model's {spec.name} runs as Keras' own: drop --staleness-lr")
     user.data.check_mode(config.mode)
     tower = Tower(model, loss=user.loss)

@@ -215,9 +215,9 @@ class Job:
     def _start_shards(self, shard_slices: list[dict[str, np.ndarray]], payload: Payload) -> None:
         c = self.config
         state = {s.name for s in self.plan.slices if s.variable in payload.state_names}
-        optimizer = payload.optimizer or c.optimizer
-        self.optimizer = payload.optimizer or OptimizerSpec(c.optimizer, c.learning_rate)
-        self._shard_args = dict(optimizer=optimizer, lr=c.learning_rate,
+        spec = payload.optimizer or OptimizerSpec(c.optimizer, c.learning_rate)
+        self.optimizer = dataclasses.replace(spec, table_optimizer=c.table_optimizer)
+        self._shard_args = dict(optimizer=self.optimizer, lr=c.learning_rate,
                                 num_workers=c.num_workers, mode=c.mode,
                                 end_version=c.end_version, max_examples=c.batch_size,
                                 credentials=self.security.shard,

@@ -15,8 +15,10 @@ checks the ones that keep their own copy (the wire and the transports).
 DATASETS = ("fashion_mnist", "cifar10", "synthetic")  # workers/data.py
 MODELS = ("mlp", "cnn", "cifar10_cnn")  # workers/catalog.py, models.py
 DEFAULT_MODEL = {"fashion_mnist": "mlp", "cifar10": "cifar10_cnn", "synthetic": "mlp"}
-OPTIMIZERS = ("sgd", "momentum", "adam")  # ps/optimizers.py
-DEFAULT_LR = {"sgd": 0.1, "momentum": 0.05, "adam": 1e-3}
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")  # ps/optimizers.py
+DEFAULT_LR = {"sgd": 0.1, "momentum": 0.05, "adam": 1e-3, "adagrad": 0.01}
+# How a shard applies an embedding table's row-sparse gradient (ps/tables.py)
+TABLE_OPTIMIZERS = ("exact", "lazy")
 
 MODES = ("sync", "async", "ssp")  # ps/modes.py
 SUM_ORDERS = ("rank", "arrival")  # a sync step's order of addition (ps/aggregation.py)

@@ -227,3 +227,16 @@ def test_embeddings(tmp_path):
     wire = run["wire_bytes_per_step"]
     assert touched["sparse_wire_bytes_per_step"] < wire < touched["dense_wire_bytes_per_step"]
     assert run["workers_json_bytes_per_step"] == wire
+    # The same MF through towerps with lazy Adam tables, against the one process.
+    lazy = figures["movielens_towerps"]["mf"]
+    assert lazy["status"] == "ran", lazy.get("error")
+    assert lazy["table_optimizer"] == "lazy" and lazy["steps"] == 352
+    assert 0.8 < lazy["test_rmse"] < 1.12
+    assert lazy["rmse_relative_to_keras"] == pytest.approx(
+        lazy["test_rmse"] / movielens["test_rmse"] - 1)
+    # One shard's apply of a 100,000-row table, every case timed.
+    apply = figures["table_apply"]
+    assert apply["table_rows"] == 100_000 and apply["touched_rows_per_step"] > 0
+    assert all(case["apply_s_per_step"] > 0 and case["steps_timed"] == 2
+               for case in apply["cases"].values())
+    assert {"sgd/exact/rows", "adam/lazy/rows", "adam/exact/rows"} <= set(apply["cases"])

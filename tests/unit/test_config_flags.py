@@ -29,7 +29,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 CONFIG_KEYS = [
     "dataset", "data_dir", "download", "model", "mode", "staleness", "staleness_lr",
     "backup_workers", "sum_order", "nonfinite", "num_workers", "num_ps", "per_node",
-    "min_nodes", "batch_size", "steps", "budget_s", "eval_points", "optimizer", "lr", "seed",
+    "min_nodes", "batch_size", "steps", "budget_s", "eval_points", "optimizer", "lr",
+    "table_optimizer", "seed",
     "address", "run_dir", "log_every", "wire_dtype", "same_node_transport", "push_pull",
     "pull_timeout_s", "checkpoint_every", "checkpoint_dir", "keep_checkpoints", "spare_workers",
     "token_file", "tls", "tls_dir", "devices", "verbose", "dashboard", "model_fn", "data_fn"]
@@ -42,7 +43,7 @@ JOB_KEYS = {
     "gpus_per_worker", "gpus", "cpu_towers", "cpu_only", "memory_growth", "gpu_memory_limit_mb",
     "intra_op_threads", "inter_op_threads", "soft_placement", "log_device_placement",
     "tower_balance", "nonfinite", "token_file", "tls", "tls_dir", "mode", "staleness",
-    "staleness_lr", "backup_workers", "resume"}
+    "staleness_lr", "backup_workers", "resume", "table_optimizer"}
 
 
 def configs(tmp_path) -> list[TrainConfig]:
@@ -52,7 +53,7 @@ def configs(tmp_path) -> list[TrainConfig]:
     common = dict(
         dataset="cifar10", data_dir=str(tmp_path / "data"), download=False, model="cnn",
         num_workers=4, num_ps=3, min_nodes=2, batch_size=96, steps=7, budget_s=30.5,
-        eval_points=4, optimizer="sgd", lr=0.25, seed=9, address="127.0.0.1:6379",
+        eval_points=4, optimizer="sgd", lr=0.25, table_optimizer="lazy", seed=9, address="127.0.0.1:6379",
         run_dir=str(tmp_path / "run"), log_every=3, wire_dtype="bfloat16",
         same_node_transport="grpc", push_pull="separate", pull_timeout_s=60.0,
         checkpoint_every=2, checkpoint_dir="file:///tmp/towerps-checkpoints",

@@ -64,3 +64,19 @@ def test_the_summary_says_a_failure_and_the_figures():
                      "status": "failed", "error": "ActorFailed: IndexedSlices\nmore"}}}})
     assert "test RMSE 0.9013" in line and "towerps 13.1 steps/s" in line and "4.05 MB/step" in line
     assert "towerps failed (ActorFailed: IndexedSlices)" in line and "more" not in line
+
+
+def test_rmse_relative_to_keras_and_none_when_a_run_is_missing():
+    assert embeddings.relative_rmse({"test_rmse": 0.909}, {"test_rmse": 0.9}) == \
+        pytest.approx(0.01)
+    assert embeddings.relative_rmse({"status": "failed"}, {"test_rmse": 0.9}) is None
+    assert embeddings.relative_rmse({"test_rmse": 0.9}, None) is None
+
+
+def test_table_apply_lookups_are_a_towers_summed_row_sparse_gradient():
+    from benchmarks import _table_apply
+
+    grad = _table_apply.lookups(np.random.default_rng(0), rows=50, ids=200)
+    assert grad.num_rows == 50 and len(grad.ids) == len(grad.rows) < 200
+    assert np.all(np.diff(grad.ids) > 0) and grad.ids.dtype == np.int64
+    assert grad.rows.shape[1] == _table_apply.DIM and grad.rows.dtype == np.float32

@@ -6,6 +6,7 @@ with a message naming the supported ones.
 """
 
 import inspect
+from dataclasses import replace
 
 import keras
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from towerps.errors import ConfigError
 from towerps.ps import Shard, plan_placement
-from towerps.ps.keras_optimizer import REFUSED, SUPPORTED, optimizer_spec
+from towerps.ps.keras_optimizer import REFUSED, SUPPORTED, check_table_optimizer, optimizer_spec
 
 pytestmark = pytest.mark.unit
 
@@ -103,7 +104,10 @@ def test_the_numpy_fast_paths_are_chosen_only_for_their_exact_update():
     assert optimizer_spec(keras.optimizers.SGD(0.1)).name == "sgd"
     assert optimizer_spec(keras.optimizers.SGD(0.1, momentum=0.8)).hyper == (("momentum", 0.8),)
     assert optimizer_spec(keras.optimizers.Adam(0.002)).name == "adam"
+    assert optimizer_spec(keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2)).hyper \
+        == (("initial_accumulator_value", 0.2), ("epsilon", 1e-7))
     for slow in (keras.optimizers.Adam(schedule()), keras.optimizers.Adam(0.1, amsgrad=True),
+                 keras.optimizers.Adagrad(0.1, weight_decay=0.01),
                  keras.optimizers.SGD(0.1, nesterov=True, momentum=0.9),
                  keras.optimizers.SGD(0.1, clipvalue=1.0)):
         assert optimizer_spec(slow).runs_keras
@@ -113,6 +117,17 @@ def test_clipnorm_and_whole_variable_optimizers_are_never_sliced():
     assert optimizer_spec(keras.optimizers.Adam(0.1, clipnorm=1.0)).whole_variables
     assert optimizer_spec(keras.optimizers.Adafactor(0.1)).whole_variables
     assert not optimizer_spec(keras.optimizers.AdamW(0.1)).whole_variables
+
+
+def test_lazy_tables_are_refused_for_an_optimizer_keras_runs_naming_those_that_take_it():
+    spec = optimizer_spec(keras.optimizers.AdamW(0.01, weight_decay=0.1))
+    check_table_optimizer(spec, "exact")
+    with pytest.raises(ConfigError, match="AdamW.*table_optimizer='exact'") as err:
+        check_table_optimizer(spec, "lazy")
+    assert all(name in str(err.value) for name in ("SGD", "Adam", "Adagrad"))
+    with pytest.raises(ConfigError, match="--table-optimizer lazy"):
+        replace(spec, table_optimizer="lazy").build()
+    check_table_optimizer(optimizer_spec(keras.optimizers.Adam(0.01)), "lazy")  # numpy: taken
 
 
 def test_global_clipnorm_is_left_to_the_worker():
@@ -150,3 +165,22 @@ def test_a_keras_optimizer_state_loads_into_a_fresh_shard_optimizer():
         second.apply(resumed, step)
     for k in SHAPES:
         np.testing.assert_array_equal(resumed[k], ran[k])
+
+
+def test_a_keras_run_optimizer_applies_a_row_sparse_gradient_as_its_dense_form():
+    from towerps.sparse import RowSparse
+
+    spec = optimizer_spec(keras.optimizers.RMSprop(0.01))
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((20, 4)).astype(np.float32)
+    grads = [RowSparse(np.array(ids, np.int64), rng.standard_normal((3, 4)).astype(np.float32), 20)
+             for ids in ([1, 5, 9], [0, 5, 19])]
+    results = []
+    for as_dense in (False, True):
+        shard = Shard(0, {"0000/embeddings": table}, spec.build(), num_workers=1)
+        for step, grad in enumerate(grads):
+            shard.push(0, step, {"0000/embeddings": grad.to_dense() if as_dense else grad},
+                       num_examples=4)
+        results.append(shard.pull(2, timeout_s=5)[1]["0000/embeddings"])
+    assert results[0].tobytes() == results[1].tobytes()
+    assert not np.array_equal(results[0][5], table[5])  # it trained

@@ -22,6 +22,7 @@ KERAS_OPTIMIZERS = {
     "sgd": lambda lr: keras.optimizers.SGD(lr),
     "momentum": lambda lr: keras.optimizers.SGD(lr, momentum=0.9),
     "adam": lambda lr: keras.optimizers.Adam(lr),
+    "adagrad": lambda lr: keras.optimizers.Adagrad(lr),
 }
 
 

@@ -150,14 +150,16 @@ def gradients_with_signed_zeros(seed):
     return sparse(ids, rows)
 
 
-def mean_of(pushes, quorum, as_dense, order=None):
+def mean_of(pushes, quorum, as_dense, order=None, row_sparse_mean=True):
     """The step buffer's mean of `pushes` [(rank, grad, n)], each pushed as it
     is or (`as_dense`) in its dense form, arriving in `order`."""
-    buffer = StepBuffer({"table": np.zeros((ROWS, WIDTH), np.float32)}, quorum=quorum)
+    buffer = StepBuffer({"table": np.zeros((ROWS, WIDTH), np.float32)}, quorum=quorum,
+                        row_sparse_mean=row_sparse_mean)
     for rank, grad, n in (pushes if order is None else [pushes[i] for i in order]):
         value = grad.to_dense() if as_dense and isinstance(grad, RowSparse) else grad
         buffer.add(rank, {"table": value}, num_examples=n, loss=0.0)
-    return buffer.mean()["table"].copy()
+    mean = buffer.mean()["table"]  # row-sparse when only row-sparse pushes named it
+    return mean.to_dense() if isinstance(mean, RowSparse) else mean.copy()
 
 
 @pytest.mark.parametrize("counts", [(8,), (8, 8), (5, 11, 3), (1, 7, 2, 30)])
@@ -165,8 +167,10 @@ def test_the_mean_of_row_sparse_pushes_is_the_dense_mean_bit_for_bit(counts):
     pushes = [(rank, gradients_with_signed_zeros(rank), n) for rank, n in enumerate(counts)]
     for order in itertools.permutations(range(len(counts))):
         want = mean_of(pushes, len(counts), as_dense=True, order=order)
-        got = mean_of(pushes, len(counts), as_dense=False, order=order)
-        assert got.tobytes() == want.tobytes(), order
+        for row_sparse_mean in (True, False):
+            got = mean_of(pushes, len(counts), as_dense=False, order=order,
+                          row_sparse_mean=row_sparse_mean)
+            assert got.tobytes() == want.tobytes(), (order, row_sparse_mean)
 
 
 def test_signed_zeros_of_one_push_stay_as_the_dense_path_leaves_them():
@@ -233,3 +237,23 @@ def test_clipping_counts_a_row_sparse_gradients_norm_from_its_rows():
     assert isinstance(grads["t"], RowSparse) and grads["t"].ids is grad.ids
     np.testing.assert_allclose(grads["t"].rows, grad.rows / 5, rtol=1e-6)
     assert np.array_equal(grad.rows, [[3.0, 0.0, 0.0], [0.0, 4.0, 0.0]])  # not written
+
+
+@pytest.mark.parametrize("row_sparse_mean", [True, False])
+def test_a_reused_buffer_starts_each_step_from_zero_without_a_fill(row_sparse_mean):
+    """`clear` zeroes the rows a step wrote; the next steps' means are still
+    the dense ones, whether a dense push or one push alone comes between."""
+    buffer = StepBuffer({"table": np.zeros((ROWS, WIDTH), np.float32)}, quorum=2,
+                        row_sparse_mean=row_sparse_mean)
+    steps = [[(0, gradients_with_signed_zeros(1), 3), (1, gradients_with_signed_zeros(2), 5)],
+             [(0, gradients_with_signed_zeros(3), 2), (1, gradients_with_signed_zeros(4), 2)],
+             [(0, gradients_with_signed_zeros(5).to_dense(), 1), (1, sparse([0, 11]), 4)],
+             [(0, sparse([2, 3], seed=6), 1), (1, sparse([3, 7], seed=7), 4)]]
+    for pushes in steps:
+        want = mean_of(pushes, 2, as_dense=True)
+        for rank, grad, n in pushes:
+            buffer.add(rank, {"table": grad}, num_examples=n, loss=0.0)
+        got = buffer.mean()["table"]
+        got = got.to_dense() if isinstance(got, RowSparse) else got
+        assert got.tobytes() == want.tobytes()
+        buffer.clear()
