@@ -1,0 +1,133 @@
+"""`--batch-split measured`: each worker's rows of the global batch in
+proportion to its measured speed. Pure: no Ray, no clock.
+
+    planner = SplitPlanner(global_batch=96, rows=(32, 32, 32))
+    rows = planner.observe(reports)     # the workers' WorkerReports, every REPORT_S
+    if rows is not None:                # the rates drifted from the shares
+        ...                             # the driver agrees a version V with the shards
+        planner.planned(version, rows)  # and measures afresh from V on
+
+In a sync step every worker waits for the slowest, so a worker that
+computes 3x slower than the others sets the pace of all. The driver
+already asks each worker for its figures every REPORT_S
+(cluster/run/monitor.py); a worker's rate is the examples it computed per
+second of computing (WorkerReport.examples / compute_s, over the time
+between two reports: pulls and pushes, the same for every worker, and
+the waits for the others are left out). The planner smooths each rate
+(exponentially, `smoothing`), and once every worker has `warmup_reports`
+fresh rates proposes rows in proportion to them (`proportional_rows`)
+when they differ from the current rows by more than `margin` (10%: less
+is noise on a shared machine, and each plan costs the shards a short
+hold). After a plan the rates are measured afresh once every worker
+has reached its version: a worker's rate changes with its rows when a
+step has a fixed cost besides its examples, so the split may take a few
+plans to settle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+MARGIN = 0.10  # re-plan when a worker's rows are off its rate's share by more than this
+WARMUP_REPORTS = 2  # fresh rates per worker before a plan (the first steps compile)
+SMOOTHING = 0.5  # weight of the newest rate in each worker's smoothed rate
+
+
+def proportional_rows(rates: Sequence[float], global_batch: int, min_rows: int = 1) -> list[int]:
+    """`global_batch` rows split in proportion to `rates`, each at least
+    `min_rows`, summing to `global_batch` (largest remainder: the rows left
+    after rounding down go to the largest fractions, lower ranks first).
+
+    Raises ValueError when a rate is not a positive finite number, or the
+    batch cannot give every rate `min_rows` rows.
+    """
+    if not rates:
+        raise ValueError("no rates to split a batch by")
+    if not all(math.isfinite(r) and r > 0 for r in rates):
+        raise ValueError(f"rates must be positive finite numbers, got {list(rates)}")
+    spare = global_batch - min_rows * len(rates)
+    if min_rows < 1 or spare < 0:
+        raise ValueError(f"a global batch of {global_batch} rows cannot give {len(rates)} "
+                         f"workers {min_rows} row(s) each; use a larger batch")
+    # Every worker's minimum first, then the rest by rate: a worker far slower
+    # than the others still gets its minimum, and the sum stays exact.
+    total = sum(rates)
+    exact = [spare * r / total for r in rates]
+    rows = [math.floor(e) for e in exact]
+    by_fraction = sorted(range(len(rates)), key=lambda i: (-(exact[i] - rows[i]), i))
+    for i in by_fraction[:spare - sum(rows)]:
+        rows[i] += 1
+    return [min_rows + r for r in rows]
+
+
+def drifted(rows: Sequence[int], target: Sequence[int], margin: float = MARGIN) -> bool:
+    """Whether `target` differs from `rows` enough to re-plan: some worker's
+    rows are off by more than `margin` of its current rows, and by a whole row."""
+    return any(abs(t - r) > max(margin * r, 1) for r, t in zip(rows, target))
+
+
+class SplitPlanner:
+    """Turns the workers' figures into new rows, when their speeds call for it.
+    Not thread-safe: the watch loop's."""
+
+    def __init__(self, global_batch: int, rows: Sequence[int], *, min_rows: int = 1,
+                 margin: float = MARGIN, warmup_reports: int = WARMUP_REPORTS,
+                 smoothing: float = SMOOTHING):
+        if sum(rows) != global_batch:
+            raise ValueError(f"rows {list(rows)} do not sum to the global batch {global_batch}")
+        self.global_batch, self.min_rows = global_batch, min_rows
+        self.margin, self.warmup, self.smoothing = margin, warmup_reports, smoothing
+        self.rows = list(rows)  # the current plan's (0: a rank that trains no more)
+        self._since = 0  # rates count from reports at or past this version
+        self._last: dict[int, tuple[float, int]] = {}  # rank -> (compute_s, examples)
+        self._rates: dict[int, float] = {}  # rank -> smoothed examples per compute second
+        self._fresh: dict[int, int] = {}  # rank -> rates taken since the plan
+
+    @property
+    def rates(self) -> dict[int, float]:
+        """Each worker's smoothed rate (examples per compute second) so far."""
+        return dict(self._rates)
+
+    def observe(self, reports) -> list[int] | None:
+        """Take the workers' figures (WorkerReports: rank, compute_s, examples,
+        version; cumulative) and return new rows by rank, or None: too few
+        fresh rates yet, or the rows are within `margin` of the rates."""
+        for report in reports:
+            self._take(report)
+        live = [r for r, n in enumerate(self.rows) if n > 0]
+        if any(self._fresh.get(r, 0) < self.warmup for r in live):
+            return None
+        target = [0] * len(self.rows)
+        for rank, n in zip(live, proportional_rows([self._rates[r] for r in live],
+                                                   self.global_batch, self.min_rows)):
+            target[rank] = n
+        return target if drifted(self.rows, target, self.margin) else None
+
+    def planned(self, version: int, rows: Sequence[int]) -> None:
+        """`rows` are in force from `version` on: rates count afresh from
+        reports of that version on (ranks with 0 rows train no more)."""
+        if sum(rows) != self.global_batch:
+            raise ValueError(f"rows {list(rows)} do not sum to the global batch "
+                             f"{self.global_batch}")
+        self.rows, self._since = list(rows), version
+        self._last, self._rates, self._fresh = {}, {}, {}
+
+    def _take(self, report) -> None:
+        """One worker's figures: a rate from the difference with its last ones,
+        if it computed since and is past the plan's version."""
+        if report.version < self._since or report.rank >= len(self.rows):
+            return
+        now = (report.compute_s, report.examples)
+        last = self._last.get(report.rank)
+        self._last[report.rank] = now
+        if last is None:
+            return
+        seconds, examples = now[0] - last[0], now[1] - last[1]
+        if not (seconds > 0 and examples > 0 and math.isfinite(seconds)):
+            return  # no step between the two reports (or figures of a new run)
+        rate = examples / seconds
+        old = self._rates.get(report.rank)
+        self._rates[report.rank] = rate if old is None else (
+            self.smoothing * rate + (1 - self.smoothing) * old)
+        self._fresh[report.rank] = self._fresh.get(report.rank, 0) + 1
