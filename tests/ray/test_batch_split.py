@@ -1,0 +1,73 @@
+"""--batch-split measured in a real job: a slow worker gets fewer rows, and
+the weights are still those of one process on the same global batches.
+
+    .venv/bin/python -m pytest tests/ray/test_batch_split.py
+
+`--batch-split equal` is the parity tests' default (tests/ray/test_train.py):
+their runs, a slowed worker's too, keep their weights bit for bit.
+"""
+
+import numpy as np
+import pytest
+
+from tests.ray.test_train import weights_of
+from towerps.cluster import TrainConfig, train
+from towerps.cluster.run import monitor
+from towerps.cluster.run.job import Job
+from towerps.ps.optimizers import make_optimizer
+from towerps.testing import Faults, Hold, injected
+from towerps.workers import Tower, build_model, load_dataset
+
+pytestmark = pytest.mark.ray
+
+STEPS, HOLD_AT, BATCH, SEED = 120, 90, 64, 4  # 64 rows do not split evenly over 3
+
+
+def test_a_slow_worker_gets_fewer_rows_and_the_weights_keep_parity(ray_cluster, tmp_path,
+                                                                   monkeypatch):
+    # The workers' figures every poll rather than every second, so the planner
+    # warms up within the run; and worker 0 waits before step HOLD_AT until the
+    # driver has made a plan, so the run cannot end before one whatever the load.
+    monkeypatch.setattr(monitor, "REPORT_S", 0.05)
+    release = tmp_path / "planned"
+    apply_split = Job.apply_split
+
+    def applied(job, rows):
+        plan = apply_split(job, rows)
+        if plan is not None:
+            release.touch()
+        return plan
+
+    monkeypatch.setattr(Job, "apply_split", applied)
+    config = TrainConfig(dataset="synthetic", num_workers=3, num_ps=2, batch_size=BATCH,
+                         steps=STEPS, optimizer="sgd", lr=0.05, seed=SEED,
+                         batch_split="measured", run_dir=str(tmp_path / "run"))
+    faults = Faults(slow_worker=(2, 3.0), holds=(Hold(rank=0, step=HOLD_AT,
+                                                      release=str(release)),))
+    with injected(faults):
+        summary = train(config, progress=False)
+
+    plans = summary.batch_split
+    assert plans[0] == {"version": 0, "rows": [21, 21, 22]}  # share_rows' near-even start
+    assert len(plans) >= 2, plans
+    versions = [p["version"] for p in plans]
+    assert versions == sorted(set(versions)) and versions[-1] < STEPS
+    # Every plan covers each row of the global batch exactly once (contiguous
+    # slices in rank order), and the shards took every step's pushes whole.
+    assert all(sum(p["rows"]) == BATCH and min(p["rows"]) >= 1 for p in plans)
+    assert summary.examples == STEPS * BATCH
+    slow = plans[-1]["rows"]
+    assert slow[2] < min(slow[0], slow[1]), plans
+
+    # The same global batches in this process, whole: the weights agree.
+    dataset = load_dataset("synthetic", seed=SEED)
+    tower = Tower(build_model("mlp", dataset.input_shape, dataset.num_classes, seed=SEED))
+    params, optimizer = tower.get_weights(), make_optimizer("sgd", 0.05)
+    for step in range(STEPS):
+        tower.set_weights(params)
+        grads, _ = tower.compute_gradients(*dataset.train_batch(step, SEED, BATCH,
+                                                                slice(0, BATCH)))
+        optimizer.apply(params, grads)
+    trained = weights_of(tmp_path / "run")
+    for name in params:
+        np.testing.assert_allclose(trained[name], params[name], rtol=1e-4, atol=1e-5)
