@@ -16,12 +16,15 @@ between two reports: pulls and pushes, the same for every worker, and
 the waits for the others are left out). The planner smooths each rate
 (exponentially, `smoothing`), and once every worker has `warmup_reports`
 fresh rates proposes rows in proportion to them (`proportional_rows`)
-when they differ from the current rows by more than `margin` (10%: less
-is noise on a shared machine, and each plan costs the shards a short
-hold). After a plan the rates are measured afresh once every worker
-has reached its version: a worker's rate changes with its rows when a
-step has a fixed cost besides its examples, so the split may take a few
-plans to settle.
+when, at those rates, they would shorten the slowest worker's compute of
+a step by more than `margin` (10%: less is noise on a shared machine, and
+each plan costs the shards a short hold). Judged by the step and not by
+each worker's rows: a worker of 20 rows is 10% off with 2 rows, which a
+noisy rate gives every few seconds, and which no step would notice.
+After a plan the rates are measured afresh once every worker has reached
+its version: a worker's rate changes with its rows when a step has a
+fixed cost besides its examples, so the split may take a few plans to
+settle.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-MARGIN = 0.10  # re-plan when a worker's rows are off its rate's share by more than this
+MARGIN = 0.10  # re-plan when new rows would shorten a step's compute by more than this
 WARMUP_REPORTS = 2  # fresh rates per worker before a plan (the first steps compile)
 SMOOTHING = 0.5  # weight of the newest rate in each worker's smoothed rate
 
@@ -61,10 +64,16 @@ def proportional_rows(rates: Sequence[float], global_batch: int, min_rows: int =
     return [min_rows + r for r in rows]
 
 
-def drifted(rows: Sequence[int], target: Sequence[int], margin: float = MARGIN) -> bool:
-    """Whether `target` differs from `rows` enough to re-plan: some worker's
-    rows are off by more than `margin` of its current rows, and by a whole row."""
-    return any(abs(t - r) > max(margin * r, 1) for r, t in zip(rows, target))
+def step_compute_s(rows: Sequence[int], rates: Sequence[float]) -> float:
+    """A sync step's compute at `rates`: the slowest worker's rows / rate."""
+    return max(n / rate for n, rate in zip(rows, rates))
+
+
+def drifted(rows: Sequence[int], target: Sequence[int], rates: Sequence[float],
+            margin: float = MARGIN) -> bool:
+    """Whether `target` is worth a plan over `rows`: at `rates` (positive, by
+    the same workers), it shortens a step's compute by more than `margin`."""
+    return step_compute_s(rows, rates) > (1 + margin) * step_compute_s(target, rates)
 
 
 class SplitPlanner:
@@ -98,11 +107,14 @@ class SplitPlanner:
         live = [r for r, n in enumerate(self.rows) if n > 0]
         if any(self._fresh.get(r, 0) < self.warmup for r in live):
             return None
+        rates = [self._rates[r] for r in live]
+        proposed = proportional_rows(rates, self.global_batch, self.min_rows)
+        if not drifted([self.rows[r] for r in live], proposed, rates, self.margin):
+            return None
         target = [0] * len(self.rows)
-        for rank, n in zip(live, proportional_rows([self._rates[r] for r in live],
-                                                   self.global_batch, self.min_rows)):
+        for rank, n in zip(live, proposed):
             target[rank] = n
-        return target if drifted(self.rows, target, self.margin) else None
+        return target
 
     def planned(self, version: int, rows: Sequence[int]) -> None:
         """`rows` are in force from `version` on: rates count afresh from

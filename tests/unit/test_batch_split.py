@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from towerps.cluster.run.split import SplitPlanner, drifted, proportional_rows
+from towerps.cluster.run.split import SplitPlanner, drifted, proportional_rows, step_compute_s
 from towerps.ps.split import SplitPlan, SplitPlans
 
 pytestmark = pytest.mark.unit
@@ -54,17 +54,25 @@ def test_a_batch_smaller_than_the_workers_is_refused():
         proportional_rows([1.0, 1.0], 5, min_rows=3)
 
 
-def test_drift_needs_more_than_the_margin_and_a_whole_row():
-    assert not drifted([32, 32, 32], [33, 32, 31])
-    assert drifted([32, 32, 32], [41, 41, 14])
-    assert not drifted([2, 2], [3, 1], margin=0.6)  # 50% of 2 rows: within 60%
-    assert not drifted([1, 1], [1, 1])
+def test_a_plan_is_worth_it_when_it_shortens_the_step_by_more_than_the_margin():
+    rates = [300.0, 300.0, 100.0]
+    # 32 rows at 100/s: 0.32 s a step; 41, 41, 14: 0.14 s.
+    assert drifted([32, 32, 32], [41, 41, 14], rates)
+    # 2 rows off the slow worker's 20 (10%): 0.095 s a step against 0.087 s, 9% more.
+    slow = [1000.0, 1000.0, 20 / 0.095]
+    assert not drifted([86, 86, 20], [87, 87, 18], slow)
+    assert drifted([86, 86, 20], [87, 87, 18], slow, margin=0.05)
+    assert not drifted([1, 1], [1, 1], [1.0, 1.0])
 
 
 def _reports(rates, examples_per_step, steps, version=0):
     """Cumulative figures after `steps` steps at `rates` (examples/s) with these rows."""
     return [Figures(r, steps * n / rate, steps * n, version)
             for r, (rate, n) in enumerate(zip(rates, examples_per_step))]
+
+
+def test_a_step_s_compute_is_its_slowest_worker_s():
+    assert step_compute_s([41, 41, 14], [300.0, 300.0, 100.0]) == pytest.approx(0.14)
 
 
 def test_the_planner_waits_for_its_warmup_then_plans_by_the_rates():
