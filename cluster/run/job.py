@@ -49,6 +49,7 @@ from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
 from towerps.cluster.run.reservation import Reservation, reserve
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
 from towerps.cluster.run.sockets import ShardSockets
+from towerps.cluster.run.split import load_plans, save_plans
 from towerps.cluster.run.startup import STARTUP_KEY, StartupClock
 from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
@@ -175,6 +176,7 @@ class Job:
             self.resume_version = resume_version
             if resume_version is not None:
                 sweep_earlier_runs(self.run_dir)
+                self._resume_split()
             num_nodes = alive_nodes()
             self.security = JobSecurity.create(self.config, self.run_dir, num_nodes=num_nodes,
                                                resume=resume_version is not None)
@@ -225,6 +227,8 @@ class Job:
         ])
         self.addresses = tuple(r["address"] for r in records)
         self._shards_up_at_s = [r[STARTUP_KEY]["up_at_s"] for r in records]
+        if c.batch_split == "measured":  # before any worker learns their addresses
+            get([s.set_split_plans.remote(self.split) for s in self.shards])
         self.placements.put(*map(Placement.reported, records))
 
     def _worker_job(self, payload: Payload) -> WorkerJob:
@@ -246,7 +250,7 @@ class Job:
         if payload.user is not None:
             return None
         job = self._worker_job(payload)
-        return [w.build.remote(worker_spec(self.config, r), job)
+        return [w.build.remote(worker_spec(self.config, r, split=self.split), job)
                 for r, w in enumerate(self.workers)]
 
     def _setup_workers(self, payload: Payload, built: list | None = None) -> None:
@@ -258,8 +262,8 @@ class Job:
         self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
         self.streams_data = user is not None and user.data.kind != "arrays"
         built = built or [None] * c.num_workers
-        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r),
-                               built=built[r])
+        refs = [w.setup.remote(worker_spec(c, r, clip, self.split), job, inputs[r],
+                               self.security.worker(r), built=built[r])
                 for r, w in enumerate(self.workers)]
         if c.spare_workers:  # warmed beside the workers: their set-up, not yet a rank
             self.spares = Spares(self.reservation, self.placements,
@@ -421,6 +425,7 @@ class Job:
             self.split = SplitPlans((SplitPlan(version, tuple(
                 rows.get(r, 0) for r in range(self.config.num_workers))),))
             self.split_history.extend(self.split.plans)
+            self._save_split()
         # Each live shard has flushed its writer: no part of the history given
         # up is still on its way from them, so none can complete a checkpoint.
         self.checkpoints.driver_store().discard_after(version)
@@ -477,12 +482,24 @@ class Job:
             # its replacement takes the job's plans (replace_worker).
             self.split = self.split.with_plan(plan)
             self.split_history.append(plan)
+            self._save_split()
             try:
                 get([self.workers[r].set_split.remote(plan) for r in live])
             finally:
                 self._release(plan.version)
             return plan
         return None
+
+    def _save_split(self) -> None:
+        """The plans into the run directory (batch_split.json), for --resume."""
+        save_plans(self.run_dir, self.split, self.split_history)
+
+    def _resume_split(self) -> None:
+        """A resumed run's plans: the steps it replays train on the rows they had."""
+        c = self.config
+        loaded = load_plans(self.run_dir, c.batch_size, c.num_workers)
+        if loaded is not None and c.batch_split == "measured":
+            self.split, self.split_history = loaded
 
     def _release(self, version: int) -> None:
         """Let the pulls a split plan held go on (a dead shard's are gone with it)."""

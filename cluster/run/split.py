@@ -29,9 +29,16 @@ settle.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 
+from towerps.errors import ConfigError
+from towerps.private import read_private_json, write_private_file
+from towerps.ps.split import SplitPlan, SplitPlans
+
+PLANS_FILE = "batch_split.json"  # in the run directory: the plans, for --resume
 MARGIN = 0.10  # re-plan when new rows would shorten a step's compute by more than this
 WARMUP_REPORTS = 2  # fresh rates per worker before a plan (the first steps compile)
 SMOOTHING = 0.5  # weight of the newest rate in each worker's smoothed rate
@@ -143,3 +150,34 @@ class SplitPlanner:
         self._rates[report.rank] = rate if old is None else (
             self.smoothing * rate + (1 - self.smoothing) * old)
         self._fresh[report.rank] = self._fresh.get(report.rank, 0) + 1
+
+
+def save_plans(run_dir: str, plans: SplitPlans, history: Sequence[SplitPlan]) -> None:
+    """The plans in force and every plan made (summary.json's `batch_split`)
+    into `run_dir`'s batch_split.json, atomically: a killed driver writes no
+    summary, and `--resume` trains the steps it replays on the rows they had."""
+    data = {"plans": plans.to_json(), "history": [p.to_json() for p in history]}
+    write_private_file(os.path.join(run_dir, PLANS_FILE), json.dumps(data, indent=1))
+
+
+def load_plans(run_dir: str, global_batch: int,
+               num_workers: int) -> tuple[SplitPlans, list[SplitPlan]] | None:
+    """What `save_plans` wrote in `run_dir` (None: no plan was made). Raises
+    ConfigError when a plan does not split this job's global batch over its
+    workers, or the file is not one towerps wrote."""
+    path = os.path.join(run_dir, PLANS_FILE)
+    data = read_private_json(path)
+    if data is None:
+        return None
+    try:
+        plans = [SplitPlan(p["version"], tuple(p["rows"])) for p in data["plans"]]
+        history = [SplitPlan(p["version"], tuple(p["rows"])) for p in data["history"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{path} holds no split plans ({err}); delete it to resume with "
+                          "the even split") from None
+    for plan in plans + history:
+        if len(plan.rows) != num_workers or sum(plan.rows) != global_batch:
+            raise ConfigError(f"{path}: the plan of version {plan.version}, rows "
+                              f"{list(plan.rows)}, does not split a global batch of "
+                              f"{global_batch} over {num_workers} workers")
+    return SplitPlans(tuple(sorted(plans, key=lambda p: p.version))), history

@@ -7,6 +7,8 @@ the weights are still those of one process on the same global batches.
 their runs, a slowed worker's too, keep their weights bit for bit.
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,9 @@ def test_a_slow_worker_gets_fewer_rows_and_the_weights_keep_parity(ray_cluster, 
     assert summary.examples == STEPS * BATCH
     slow = plans[-1]["rows"]
     assert slow[2] < min(slow[0], slow[1]), plans
+    # What --resume reads back: the same plans.
+    saved = json.loads((tmp_path / "run" / "batch_split.json").read_text())
+    assert saved["history"] == plans and saved["plans"] == plans
 
     # The same global batches in this process, whole: the weights agree.
     dataset = load_dataset("synthetic", seed=SEED)

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from towerps.cluster.run.split import SplitPlanner, drifted, proportional_rows, step_compute_s
+from towerps.cluster.run.split import (PLANS_FILE, SplitPlanner, drifted, load_plans,
+                                       proportional_rows, save_plans, step_compute_s)
+from towerps.errors import ConfigError
 from towerps.ps.split import SplitPlan, SplitPlans
 
 pytestmark = pytest.mark.unit
@@ -150,3 +152,18 @@ def test_a_plan_of_a_lost_rank_has_no_rows_for_it():
 def test_a_plan_that_trains_on_nothing_is_refused(version, rows):
     with pytest.raises(ValueError, match="split plan"):
         SplitPlan(version, rows)
+
+
+def test_plans_saved_in_the_run_directory_come_back_for_a_resume(tmp_path):
+    assert load_plans(str(tmp_path), 10, 3) is None  # no plan was made
+    plans = SplitPlans.even(10, 3).with_plan(SplitPlan(7, (5, 4, 1)))
+    history = [*plans.plans, SplitPlan(4, (4, 4, 2))]
+    save_plans(str(tmp_path), plans, history)
+    assert (tmp_path / PLANS_FILE).stat().st_mode & 0o777 == 0o600
+    assert load_plans(str(tmp_path), 10, 3) == (plans, history)
+    # Another job's plans (another batch or number of workers) are refused.
+    with pytest.raises(ConfigError, match="does not split a global batch of 12 over 3"):
+        load_plans(str(tmp_path), 12, 3)
+    (tmp_path / PLANS_FILE).write_text('{"plans": [{"version": 0}]}')
+    with pytest.raises(ConfigError, match="holds no split plans"):
+        load_plans(str(tmp_path), 10, 3)
