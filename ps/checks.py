@@ -101,9 +101,9 @@ class PushRules:
         if self.rows is not None and num_examples != self.rows[worker_rank]:
             raise StepMismatch(
                 f"shard {self.index}: worker {worker_rank} pushed {num_examples} examples for "
-                f"step {step}, but its share of that step's global batch is "
-                f"{self.rows[worker_rank]} rows (a node's loss or a split plan set it); "
-                "train on the rows of the latest redirect or split plan"
+                f"step {step}, but its share of the global batch is {self.rows[worker_rank]} "
+                "rows at that step (a node's loss or a split plan set it); train on the "
+                "rows of the latest redirect or split plan"
             )
         if not math.isfinite(loss):
             raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")

@@ -219,7 +219,7 @@ def test_a_split_plan_holds_pulls_of_its_version_until_released():
     shard.release_split(1)
     thread.join(timeout=30.0)
     assert got["result"][0] == 1
-    with pytest.raises(StepMismatch, match="share of that step's global batch is 3 rows"):
+    with pytest.raises(StepMismatch, match="share of the global batch is 3 rows at that step"):
         shard.push(0, 1, grads(1.0), 2)  # the old rows
     assert shard.push(0, 1, grads(1.0), 3).outcome == PushOutcome.BUFFERED
     assert shard.push(1, 1, grads(1.0), 1).outcome == PushOutcome.APPLIED
