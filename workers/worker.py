@@ -156,7 +156,7 @@ class Worker:
         # (version, parameters, the batch whose rows came, as _batch_key, or None: whole)
         # that the last push brought back (push_pull "combined"), for the next
         # step's pull; None: pull from the shards.
-        self._pulled: tuple[int, dict, int | None] | None = None
+        self._pulled: tuple[int, dict, tuple | None] | None = None
         # Whether the tower's tables hold a whole pull's values, so that rows
         # pulled since make every row a batch reads the shard's (row pulls).
         self._tables_pulled = False

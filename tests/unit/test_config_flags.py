@@ -29,7 +29,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 CONFIG_KEYS = [
     "dataset", "data_dir", "download", "model", "mode", "staleness", "staleness_lr",
     "backup_workers", "sum_order", "nonfinite", "num_workers", "num_ps", "per_node",
-    "min_nodes", "batch_size", "batch_split", "steps", "budget_s", "eval_points", "optimizer", "lr", "seed",
+    "min_nodes", "batch_size", "batch_split", "steps", "budget_s", "eval_points", "optimizer",
+    "lr", "seed",
     "address", "run_dir", "log_every", "wire_dtype", "same_node_transport", "push_pull",
     "pull_timeout_s", "checkpoint_every", "checkpoint_dir", "keep_checkpoints", "spare_workers",
     "token_file", "tls", "tls_dir", "devices", "verbose", "dashboard", "model_fn", "data_fn"]
