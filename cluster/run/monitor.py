@@ -345,10 +345,7 @@ class _WorkerPoll:
             ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
             if len(ready) < len(self.refs):
                 return []
-            try:
-                figures = [f for f in ray.get(self.refs) if f is not None]
-            except ray.exceptions.RayError:
-                figures = []  # a worker died: the poll of its `run` call finds out
+            figures = [f for f in map(_figures_of, self.refs) if f is not None]
             self.refs = None
             observer.workers(version, figures)
             observer.shards(version, replies)
@@ -356,6 +353,16 @@ class _WorkerPoll:
             self.refs = [w.progress.remote() for w in self.workers]
             self.next_at = time.monotonic() + REPORT_S
         return figures
+
+
+def _figures_of(ref):
+    """A worker's answered figures; None when it died (the poll of its `run`
+    call finds out), so the live workers' still count: after a node's loss,
+    the split planner re-plans over them."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayError:
+        return None
 
 
 def _planner(job) -> SplitPlanner | None:
