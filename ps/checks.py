@@ -80,7 +80,8 @@ class PushRules:
     specs: Mapping[str, TensorSpec]  # exactly these tensors, of these dtypes and shapes
     max_examples: int | None = None  # a push carries at most one global batch; None: no bound
     # After a node was lost (sync): the ranks that make a step and the rows
-    # each pushes (Shard.set_workers); None: every rank, any count up to the batch.
+    # each pushes (Shard.set_workers), or the rows of the step's split plan
+    # (ps/split.py); None: every rank, any count up to the batch.
     rows: Mapping[int, int] | None = None
     # The trainable variables: the only tensors that may come row-sparse
     # (src/towerps/sparse.py); state never does.
@@ -101,7 +102,8 @@ class PushRules:
             raise StepMismatch(
                 f"shard {self.index}: worker {worker_rank} pushed {num_examples} examples for "
                 f"step {step}, but its share of the global batch is {self.rows[worker_rank]} "
-                "rows since a node was lost; train on the rows of the latest redirect"
+                "rows at that step (a node's loss or a split plan set it); train on the "
+                "rows of the latest redirect or split plan"
             )
         if not math.isfinite(loss):
             raise NotFinite(f"loss {loss} is not finite; a push's loss must be a number")

@@ -49,6 +49,13 @@ Exactly once: a push names (worker_rank, step), and a worker's steps only
 grow; a repeat is answered DUPLICATE (still in the buffer) or
 ALREADY_APPLIED and changes nothing, so the client may retry a lost answer.
 
+Split plans (`--batch-split measured`, ps/split.py): the rows each rank
+trains on may change from a version V on. `plan_split` takes a plan for a
+V the shard has not reached and holds every pull that would answer V or
+later until `release_split` (or `cancel_split`), so the driver can tell
+every worker the plan before any of them trains on V; a push of step s
+is checked against the rows of step s.
+
 Checkpoints (ps/checkpoint.py): `export_state` copies the whole state under
 the lock (the only pause it costs training); `take_checkpoints(every, sink)`
 hands such a copy to `sink` at every version that is a multiple of `every`,
@@ -80,6 +87,7 @@ from towerps.ps.checks import PushRules
 from towerps.ps.parts import ShardLayout, ShardState, check_values
 from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
+from towerps.ps.split import SplitPlan, SplitPlans
 from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
 from towerps.wire import TensorSpec, spec_of
 
@@ -168,6 +176,10 @@ class Shard:
         # first pull of a version and shared by all the others.
         self._snapshot: dict[str, np.ndarray] | None = None
         self._checkpoint_every = 0  # 0: none (take_checkpoints)
+        # The rows of each rank by step (empty: any rows, as PushRules allows),
+        # and the version of a plan whose pulls are held until released (None: none).
+        self._split = SplitPlans()
+        self._held: int | None = None
         self._checkpoint_sink: Callable[[ShardState, float], None] | None = None
 
     @classmethod
@@ -224,8 +236,8 @@ class Shard:
         """
         with self._lock:
             self._raise_if_halted()
-            self._refuse_bad(self._rules.push, self._version, worker_rank, step, grads,
-                             num_examples, loss)
+            self._refuse_bad(self._rules_at(step).push, self._version, worker_rank, step,
+                             grads, num_examples, loss)
             answered = self._admit(worker_rank, step)
             if answered is not None:
                 return answered
@@ -261,6 +273,12 @@ class Shard:
                 return PushResult(PushOutcome.DROPPED, self._version)
             self._skipping.add(worker_rank)
             return self._complete_if_quorum()
+
+    def _rules_at(self, step: int) -> PushRules:
+        """The rules of a push of `step`: with split plans, the rows of that
+        step's plan. Caller holds the lock."""
+        rows = self._split.rows_of(step)
+        return self._rules if rows is None else replace(self._rules, rows=rows)
 
     def _admit(self, worker_rank: int, step: int) -> PushResult | None:
         """Exactly once and the end of the run, for a push or a skip alike.
@@ -402,9 +420,70 @@ class Shard:
                              f"0..{self.num_workers - 1}")
         with self._lock:
             self._rules = replace(self._rules, rows=dict(rows))
+            # The node's loss re-splits the batch: earlier plans split it over the lost ranks too.
+            self._split, self._held = SplitPlans(), None
             # At least one push makes a step, whatever the backup workers.
             self._quorum = max(1, len(rows) - self.mode.backup_workers)
             self._buffer.quorum = self._quorum
+
+    def plan_split(self, plan: SplitPlan) -> None:
+        """Phase one of a new split (`--batch-split measured`): from step
+        `plan.version` on, rank r pushes `plan.rows[r]` examples, and from
+        now until `release_split` every pull that would answer that version
+        or a later one waits (a pull of an earlier one does not), so no
+        worker trains on it before every worker has the plan.
+
+        Raises StepMismatch, changing nothing, when the shard is at
+        `plan.version` already (a worker may have trained on it with the old
+        rows: call `cancel_split` on the shards that took it and plan a later
+        version), BadRequest while another plan is held, or when the plan's
+        ranks are not this shard's workers.
+        """
+        if len(plan.rows) != self.num_workers:
+            raise BadRequest(f"shard {self.index}: a split plan needs the rows of "
+                             f"{self.num_workers} workers, got {list(plan.rows)}")
+        with self._lock:
+            if self._held is not None and self._held != plan.version:
+                raise BadRequest(f"shard {self.index}: the split plan of version {self._held} "
+                                 "is still held; release or cancel it first")
+            if self._version >= plan.version:
+                raise StepMismatch(f"shard {self.index} is at version {self._version}, past the "
+                                   f"split plan's version {plan.version}; plan a later one")
+            self._split, self._held = self._split.with_plan(plan), plan.version
+
+    def release_split(self, version: int) -> None:
+        """Phase two: every worker has the plan of `version`; its held pulls go
+        on. Idempotent; a version not held changes nothing."""
+        with self._lock:
+            if self._held == version:
+                self._held = None
+                self._lock.notify_all()
+
+    def cancel_split(self, version: int) -> None:
+        """Call off the plan of `version` (another shard refused it): its rows
+        are forgotten and its held pulls go on. Only a held plan can be
+        called off (no worker trained on it); idempotent."""
+        with self._lock:
+            if self._held == version:
+                self._split, self._held = self._split.without(version), None
+                self._lock.notify_all()
+
+    def split_plans(self) -> SplitPlans:
+        """The plans in force (summary.json's `batch_split`, a replacement's)."""
+        with self._lock:
+            return self._split
+
+    def set_split_plans(self, plans: SplitPlans) -> None:
+        """Take `plans` as they are, with no hold: a shard started again from a
+        checkpoint, before any worker learns its address."""
+        with self._lock:
+            self._split, self._held = plans, None
+
+    def _pull_held(self) -> bool:
+        """Whether a pull answered now would answer a held plan's version or a
+        later one, before the run's end. Caller holds the lock."""
+        return (self._held is not None and self._version >= self._held
+                and self._version < self._end)
 
     def worker_position(self, worker_rank: int) -> tuple[int, int]:
         """(the latest step `worker_rank` pushed here, its clock: the pushes of
@@ -500,8 +579,8 @@ class Shard:
         self._stats.pulls_waiting += 1  # seen by stats() only while it waits
         try:
             ready = self._lock.wait_for(
-                lambda: self._version >= min(target, self._end) or self._closed
-                or ended.is_set() or self._halted is not None,
+                lambda: self._version >= min(target, self._end) and not self._pull_held()
+                or self._closed or ended.is_set() or self._halted is not None,
                 timeout=timeout_s,
             )
         finally:

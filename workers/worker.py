@@ -28,6 +28,12 @@
 The worker holds no state that matters between steps: the shards do. A
 worker restarted at any step pulls that step and goes on.
 
+Split plans (`--batch-split measured`, ps/split.py): the driver may hand
+the worker, from another thread while it trains, a plan of new rows from
+a step V on (`set_split`), always before any shard lets it pull version
+V; step v trains on the rows of the newest plan from v or before, its
+own even slice before the first.
+
 Embedding tables (row pulls): once its tables hold a whole pull's values,
 a worker whose tower reads its tables' lookups (Tower.row_ids) pulls, of
 each table, only the rows the batch it trains on next looks up, and
@@ -53,6 +59,7 @@ from towerps.workers.batches import num_examples
 from towerps.ps.checks import contribution_fault
 from towerps.ps.modes import Mode
 from towerps.ps.shard import PushOutcome
+from towerps.ps.split import SplitPlan, SplitPlans
 from towerps.sparse import RowSparse, values_of
 from towerps.workers.client import PUSH_PULL, PSClient
 from towerps.workers.data import DataSet
@@ -82,12 +89,17 @@ class WorkerSpec:
     # shard (PSClient.push_pull); "separate" pushes, then pulls. Async and
     # ssp always push, then pull.
     push_pull: str = "combined"
+    # Sync, --batch-split measured: the batch need not split evenly, and
+    # `split` holds the plans made so far (a replacement's; the others' come
+    # by Worker.set_split). "equal": the even slices of batch_slice alone.
+    batch_split: str = "equal"
+    split: SplitPlans = SplitPlans()
 
     def __post_init__(self):
         if self.push_pull not in PUSH_PULL:
             raise ConfigError(f"--push-pull {self.push_pull!r} is not known; choose one of "
                               f"{', '.join(PUSH_PULL)}")
-        if self.global_batch_size % self.num_workers:
+        if self.global_batch_size % self.num_workers and self.batch_split != "measured":
             raise ConfigError(
                 f"global batch size {self.global_batch_size} does not split evenly over "
                 f"{self.num_workers} workers; use a multiple of {self.num_workers}"
@@ -95,7 +107,10 @@ class WorkerSpec:
 
     @property
     def batch_slice(self) -> slice:
-        """This worker's contiguous rows of every global batch."""
+        """This worker's contiguous rows of every global batch (before any
+        split plan): an even share (as share_rows, when it does not split evenly)."""
+        if self.global_batch_size % self.num_workers:
+            return share_rows(self.global_batch_size, range(self.num_workers))[self.rank]
         per_worker = self.global_batch_size // self.num_workers
         return slice(self.rank * per_worker, (self.rank + 1) * per_worker)
 
@@ -138,15 +153,19 @@ class Worker:
         # This worker's rows of each global batch: its own slice, until a
         # redirect after a node's loss hands it a share of the dead ones' rows.
         self.part = spec.batch_slice
-        # (version, parameters, the data step whose rows came or None: whole)
+        # (version, parameters, the batch whose rows came, as _batch_key, or None: whole)
         # that the last push brought back (push_pull "combined"), for the next
         # step's pull; None: pull from the shards.
-        self._pulled: tuple[int, dict, int | None] | None = None
+        self._pulled: tuple[int, dict, tuple | None] | None = None
         # Whether the tower's tables hold a whole pull's values, so that rows
         # pulled since make every row a batch reads the shard's (row pulls).
         self._tables_pulled = False
         self._has_tables = bool(getattr(tower, "has_tables", False))
         self._batch_cache: tuple | None = None  # ((data step, part), (x, y)): the next batch
+        # The split plans by step; swapped whole under the lock (set_split
+        # comes from another thread while run() reads them).
+        self._split_lock = threading.Lock()
+        self._split = spec.split
 
     def redirect(self, target: Redirect, client: PSClient) -> None:
         """Train on with `client` (to the shards of `target`) from `target.version`.
@@ -159,6 +178,19 @@ class Worker:
             old, self.client = self.client, client
         self.redirects.publish(target)
         old.close()
+
+    def set_split(self, plan: SplitPlan) -> None:
+        """Train on `plan.rows[rank]` rows from step `plan.version` on. Thread
+        safe; called while `run` goes, before any shard answers that version."""
+        with self._split_lock:
+            self._split = self._split.with_plan(plan)
+
+    def _part(self, data_step: int) -> slice:
+        """This worker's rows of global batch `data_step`: its split plan's,
+        else its own slice (or its share since a node's loss)."""
+        with self._split_lock:
+            planned = self._split.part(data_step, self.spec.rank)
+        return self.part if planned is None else planned
 
     def progress(self) -> WorkerReport:
         """A copy of the figures so far (without the losses), safe to call from
@@ -215,6 +247,8 @@ class Worker:
                 report.generation = target.generation
                 if target.ranks is not None:
                     self.part = share_rows(spec.global_batch_size, target.ranks)[spec.rank]
+                    with self._split_lock:  # they split the batch over the lost ranks too
+                        self._split = SplitPlans()
                 wanted = target.version
                 own_step = target.data_steps[spec.rank] if target.data_steps else wanted
             else:
@@ -269,12 +303,13 @@ class Worker:
         else:
             predicted = wanted if by_version else own_step
             rows = self._rows_for(predicted)
+            rows_for = None if rows is None else self._batch_cache[0]
             version, params = self._pull(wanted, rows)
-            rows_for = None if rows is None else predicted
         data_step = version if by_version else own_step
-        if (rows_for is not None and rows_for != data_step
+        if (rows_for is not None and rows_for != self._batch_key(data_step)
                 and wanted <= version < self.spec.final_version):
-            # The rows are another batch's (this worker was late): the tables whole.
+            # The rows are another batch's (this worker was late, or a split plan
+            # came after they were asked for): the tables whole.
             version, params = self._pull(version, None)
             data_step = version if by_version else own_step
         return version, params, data_step
@@ -294,14 +329,19 @@ class Worker:
             return None
         return self.tower.row_ids(self._batch(data_step)[0])
 
+    def _batch_key(self, data_step: int) -> tuple[int, int, int]:
+        """(data step, first row, end row): which rows `_batch(data_step)` reads now."""
+        part = self._part(data_step)
+        return data_step, part.start, part.stop
+
     def _batch(self, data_step: int):
         """This worker's part of global batch `data_step`; the last one asked
         for is kept (a row pull reads the next batch's ids before its step)."""
-        key = (data_step, self.part.start, self.part.stop)
+        key = self._batch_key(data_step)
         if self._batch_cache is None or self._batch_cache[0] != key:
             spec = self.spec
             batch = self.dataset.train_batch(data_step, spec.seed, spec.global_batch_size,
-                                             self.part)
+                                             slice(key[1], key[2]))
             self._batch_cache = (key, batch)
         return self._batch_cache[1]
 
@@ -327,7 +367,9 @@ class Worker:
                 outcomes, pulled_version, params = self.client.push_pull(
                     self.spec.rank, version, grads, examples, loss, self.spec.pull_timeout_s,
                     **extra)
-                self._pulled = (pulled_version, params, None if rows is None else next_data_step)
+                # The rows are those of the batch they were asked for (its key).
+                self._pulled = (pulled_version, params,
+                                None if rows is None else self._batch_cache[0])
                 return outcomes
             return self.client.push(self.spec.rank, version, grads, examples, loss)
         report.nonfinite_steps += 1

@@ -25,8 +25,9 @@ import os
 from dataclasses import dataclass
 
 from towerps import options
-from towerps.choices import (DATASETS, DEFAULT_LR, DEFAULT_MODEL, MODELS, OPTIMIZERS, PUSH_PULL,
-                             TABLE_OPTIMIZERS, TLS_CHOICES, TRANSPORTS, WIRE_DTYPES)
+from towerps.choices import (BATCH_SPLITS, DATASETS, DEFAULT_LR, DEFAULT_MODEL, MODELS,
+                             OPTIMIZERS, PUSH_PULL, TABLE_OPTIMIZERS, TLS_CHOICES, TRANSPORTS,
+                             WIRE_DTYPES)
 from towerps.errors import ConfigError
 from towerps.options import Flag, option
 from towerps.private import read_private_file, write_private_file
@@ -105,7 +106,18 @@ class TrainConfig:
         parse=int, metavar="N"))
     batch_size: int = option(128, Flag(  # the GLOBAL batch of one step, split across workers
         "--batch-size", "the GLOBAL batch of one step, split in contiguous slices across "
-        "the workers (a multiple of --num-workers)", parse=int, metavar="B"))
+        "the workers (a multiple of --num-workers, unless --batch-split measured)",
+        parse=int, metavar="B"))
+    # Sync: each worker's rows of the global batch, even (equal) or in
+    # proportion to its measured examples/s (measured, cluster/run/split.py).
+    batch_split: str = option("equal", Flag(
+        "--batch-split", "sync: each worker's rows of the global batch: equal, or measured "
+        "(in proportion to each worker's speed, re-planned as the speeds drift)",
+        choices=BATCH_SPLITS,
+        doc="sync: each worker's rows of the global batch: `equal`, or `measured`: in "
+        "proportion to each worker's measured examples per second of computing, re-planned "
+        "when a worker's rows are more than 10% off its speed's share, so a slow worker "
+        "no longer sets every step's pace. The plans are summary.json's `batch_split`"))
     steps: int = option(DEFAULT_STEPS, Flag(  # global batches of examples, in every mode
         "--steps", "global batches to train on (default 1000, or unbounded with --budget-s)",
         parse=int, metavar="N", default=None))
@@ -281,6 +293,7 @@ class TrainConfig:
         _choice("--wire-dtype", self.wire_dtype, tuple(WIRE_DTYPES))
         _choice("--same-node-transport", self.same_node_transport, TRANSPORTS)
         _choice("--push-pull", self.push_pull, PUSH_PULL)
+        _choice("--batch-split", self.batch_split, BATCH_SPLITS)
         for flag, value in (
             ("--num-workers", self.num_workers),
             ("--num-ps", self.num_ps),
@@ -291,7 +304,13 @@ class TrainConfig:
         ):
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {value}")
-        if self.batch_size % self.num_workers:
+        if self.batch_split == "measured" and not self.mode.aggregates:
+            raise ConfigError(
+                f"--batch-split measured needs --mode sync, got --mode {self.mode.name}: in "
+                "async and ssp no worker waits for another, so a slow one slows no one else; "
+                "drop --batch-split"
+            )
+        if self.batch_size % self.num_workers and self.batch_split != "measured":
             raise ConfigError(
                 f"--batch-size {self.batch_size} is the global batch and must split evenly "
                 f"over --num-workers {self.num_workers}; use a multiple of {self.num_workers} "
@@ -333,6 +352,7 @@ class TrainConfig:
             )
         if self.pull_timeout_s <= 0:
             raise ConfigError(f"pull_timeout_s must be positive, got {self.pull_timeout_s}")
+        # The smallest even share (measured starts from share_rows' near-even split).
         towers, rows = self.devices.num_towers(), self.batch_size // self.num_workers
         if rows < towers:
             raise ConfigError(

@@ -48,7 +48,7 @@ RUN_MARKERS = ("summary.json", "metrics.jsonl", "placement.json", "cluster.json"
 # What a run writes before its shards serve: alone, they are no run.
 START_FILES = (JOB_FILE, "secret", "token", "tls", "sock")
 # Everything a run writes into its directory (--overwrite deletes these alone).
-RUN_OUTPUTS = (*RUN_MARKERS, *START_FILES, "config.json", "model.keras")
+RUN_OUTPUTS = (*RUN_MARKERS, *START_FILES, "config.json", "model.keras", "batch_split.json")
 TENSORBOARD_FILES = "events.out.tfevents.*"
 SHOWN = 5  # files named in a refusal
 

@@ -214,6 +214,10 @@ class RunSummary(Mapping):
     # PHASES: driver_imports, prepare, ray_init, driver_model, actor_scheduling,
     # worker_imports, worker_build, first_step); they add up to that time.
     startup_phases_s: dict[str, float] = field(default_factory=dict)
+    # Each worker's rows of the global batch over time: [{"version": V, "rows": [...by
+    # rank]}], each from version V on (the even split at 0, then --batch-split
+    # measured's plans; a node's loss starts again from its even split).
+    batch_split: list[dict] = field(default_factory=list)
 
     @classmethod
     def of_job(cls, config, run_dir: str, /, **figures) -> RunSummary:

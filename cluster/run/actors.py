@@ -214,6 +214,20 @@ class ShardActor:
         """The ranks that make a step and each one's rows (Shard.set_workers)."""
         self._shard.set_workers(rows)
 
+    def plan_split(self, plan) -> None:
+        """Phase one of a split plan (a ps.split.SplitPlan): Shard.plan_split."""
+        self._shard.plan_split(plan)
+
+    def release_split(self, version: int) -> None:
+        self._shard.release_split(version)
+
+    def cancel_split(self, version: int) -> None:
+        self._shard.cancel_split(version)
+
+    def set_split_plans(self, plans) -> None:
+        """A replacement takes the job's plans (a ps.split.SplitPlans), unheld."""
+        self._shard.set_split_plans(plans)
+
     def worker_position(self, rank: int) -> tuple[int, int]:
         """Worker `rank`'s latest step pushed here and its clock (Shard.worker_position)."""
         return self._shard.worker_position(rank)
@@ -309,7 +323,7 @@ class WorkerJob:
     worker_nodes: tuple[str, ...] = ()
 
 
-# Two threads: `progress` and `redirect` answer while `run` goes on.
+# Two threads: `progress`, `redirect` and `set_split` answer while `run` goes on.
 @ray.remote(max_concurrency=2)
 class WorkerActor:
     """One worker: its data set, its towers (one per device) and its client to every shard."""
@@ -432,6 +446,11 @@ class WorkerActor:
                           credentials=self._credentials, same_node=self._same_node)
         self._worker.redirect(target, self._faults.wrap_client(self._rank, client))
         return list(self._same_node.shards) if self._same_node else []
+
+    def set_split(self, plan) -> None:
+        """Train on a split plan's rows from its version on (Worker.set_split);
+        answers while `run` is busy (the actor's second thread)."""
+        self._worker.set_split(plan)
 
     def progress(self):
         """The worker's figures so far (a WorkerReport), or None before setup."""

@@ -377,7 +377,7 @@ def prepare_user(config: TrainConfig, user: UserJob) -> Prepared:
     if spec.runs_keras and config.mode.staleness_lr:
         raise ConfigError(f"--staleness-lr scales the rate of numpy sgd/momentum/adam/adagrad only; "
                           f"the model's {spec.name} runs as Keras' own: drop --staleness-lr")
-    user.data.check_mode(config.mode)
+    user.data.check_mode(config.mode, config.batch_split)
     tower = Tower(model, loss=user.loss)
     initial = tower.get_weights()
     plan = _plan(initial, config.num_ps, spec, tower.table_names)
@@ -513,6 +513,7 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         tls=job.security.tls is not None,
         token_file=job.security.secret_file,
         pushes_nonfinite=sum(c.pushes_nonfinite for c in counters),
+        batch_split=[p.to_json() for p in job.split_history],
         steps_skipped=counters[0].steps_skipped,
         stopped=("interrupted" if watched.interrupted or stop.requested
                  else "budget" if watched.ended_early else "steps"),

@@ -50,14 +50,16 @@ from towerps.cluster.run.remote import alive_node_ids, get, get_in_bundle
 from towerps.cluster.run.reservation import Reservation, reserve
 from towerps.cluster.run.security import JobSecurity, write_cluster_json
 from towerps.cluster.run.sockets import ShardSockets
+from towerps.cluster.run.split import load_plans, save_plans
 from towerps.cluster.run.startup import STARTUP_KEY, StartupClock
 from towerps.cluster.recovery.spares import Spares, SpareSetup
 from towerps.cluster.recovery.supervisor import Supervisor
-from towerps.errors import ClusterError
+from towerps.errors import ClusterError, StepMismatch
 from towerps.ps.checkpoint import ShardState
 from towerps.ps.parts import ShardLayout
 from towerps.ps.optimizers import KerasState, OptimizerSpec
 from towerps.ps.placement import PlacementPlan
+from towerps.ps.split import SplitPlan, SplitPlans
 from towerps.ps.saved_state import join_optimizer_states, optimizer_state
 from towerps.private import make_private_dir
 from towerps.shm import new_run_prefix, sweep
@@ -65,6 +67,11 @@ from towerps.workers import PSClient
 from towerps.workers.seams import installed
 
 FINAL_PULL_TIMEOUT_S = 60.0
+# A split plan starts this many versions past the furthest shard: far enough
+# that the plan reaches every shard and worker before a step gets there on
+# a loaded machine (a shard already there refuses it, and a later one is tried).
+SPLIT_AHEAD = 3
+SPLIT_ATTEMPTS = 3
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
 
 
@@ -133,6 +140,10 @@ class Job:
         self.streams_data = False  # workers read a stream (tf.data, Ray Data), not by step
         self.clock: StartupClock | None = None  # the start-up's marks (cluster/run/startup.py)
         self._shards_up_at_s: list[float] = []  # when each shard's process ran its actor
+        # Each worker's rows of the global batch by step (ps/split.py): the even
+        # split, then the plans of --batch-split measured (apply_split).
+        self.split = SplitPlans.even(config.batch_size, config.num_workers)
+        self.split_history: list[SplitPlan] = list(self.split.plans)  # summary.json's
         # The same-node transport's segments are named by this (src/towerps/shm.py).
         self.segment_prefix = new_run_prefix() if config.same_node_transport == "shm" else None
 
@@ -170,6 +181,7 @@ class Job:
             self.resume_version = resume_version
             if resume_version is not None:
                 sweep_earlier_runs(self.run_dir)
+                self._resume_split()
             num_nodes = alive_nodes()
             self.security = JobSecurity.create(self.config, self.run_dir, num_nodes=num_nodes,
                                                resume=resume_version is not None)
@@ -237,6 +249,8 @@ class Job:
         ])
         self.addresses = tuple(r["address"] for r in records)
         self._shards_up_at_s = [r[STARTUP_KEY]["up_at_s"] for r in records]
+        if c.batch_split == "measured":  # before any worker learns their addresses
+            get([s.set_split_plans.remote(self.split) for s in self.shards])
         self.placements.put(*map(Placement.reported, records))
 
     def _worker_job(self, payload: Payload) -> WorkerJob:
@@ -258,7 +272,7 @@ class Job:
         if payload.user is not None:
             return None
         job = self._worker_job(payload)
-        return [w.build.remote(worker_spec(self.config, r), job)
+        return [w.build.remote(worker_spec(self.config, r, split=self.split), job)
                 for r, w in enumerate(self.workers)]
 
     def _setup_workers(self, payload: Payload, built: list | None = None) -> None:
@@ -270,8 +284,8 @@ class Job:
         self._worker_setup = (job, inputs, clip, user is not None and user.data.kind == "ray_data")
         self.streams_data = user is not None and user.data.kind != "arrays"
         built = built or [None] * c.num_workers
-        refs = [w.setup.remote(worker_spec(c, r, clip), job, inputs[r], self.security.worker(r),
-                               built=built[r])
+        refs = [w.setup.remote(worker_spec(c, r, clip, self.split), job, inputs[r],
+                               self.security.worker(r), built=built[r])
                 for r, w in enumerate(self.workers)]
         if c.spare_workers:  # warmed beside the workers: their set-up, not yet a rank
             self.spares = Spares(self.reservation, self.placements,
@@ -375,6 +389,8 @@ class Job:
         record = (get([started])[0] if node_id is not None else get_in_bundle(
             started, actor, self.reservation, self.reservation.layout.shard_bundle[k],
             f"shard {k}'s replacement"))
+        if self.config.batch_split == "measured":  # the rows of the steps it replays
+            get([actor.set_split_plans.remote(self.split)])
         if rows is not None:  # before any worker learns its address
             get([actor.set_workers.remote(rows)])
         self.addresses = (*self.addresses[:k], record["address"], *self.addresses[k + 1:])
@@ -402,7 +418,7 @@ class Job:
             raise ClusterError(f"worker {rank} died, and a worker fed by a Ray Data stream "
                                "cannot be replaced (its split's position is lost); run "
                                "with arrays or a tf.data function to recover from it")
-        spec, job = worker_spec(self.config, rank, clip), self._replacement_job()
+        spec, job = worker_spec(self.config, rank, clip, self.split), self._replacement_job()
         taken = self.spares and self.spares.take(rank, spec, job, inputs[rank],
                                                  self.security.worker(rank))
         if taken:
@@ -429,6 +445,11 @@ class Job:
         (with `rows`, Shard.set_workers first: after a node was lost)."""
         get([s.rollback.remote(version, rows, self._resumed_part(k, version))
              for k, s in enumerate(self.shards) if k not in skip])
+        if rows is not None:  # a node's loss re-splits the batch evenly over the live ranks
+            self.split = SplitPlans((SplitPlan(version, tuple(
+                rows.get(r, 0) for r in range(self.config.num_workers))),))
+            self.split_history.extend(self.split.plans)
+            self._save_split()
         # Each live shard has flushed its writer: no part of the history given
         # up is still on its way from them, so none can complete a checkpoint.
         self.checkpoints.driver_store().discard_after(version)
@@ -460,6 +481,55 @@ class Job:
                 continue  # dead, or as good as: the watch loop's heartbeat replaces it
         self.placements.set_same_node_shards(shared)
 
+    def apply_split(self, rows) -> SplitPlan | None:
+        """Make `rows` (by rank) each worker's share of every global batch from
+        a version a little ahead of the shards; returns the plan, or None when
+        the shards outran every version tried (the next call tries again).
+
+        Two phases, so that no worker and no shard disagree on a step's rows:
+        every shard takes the plan and holds the pulls of its version; every
+        live worker takes it; the shards let the pulls go. A shard already at
+        the version refuses it, and the others call it off. Blocks for a few
+        calls per actor; raises ActorDied when one dies meanwhile (the plan
+        stands and the held pulls are let go: the watch loop's next poll
+        finds the death)."""
+        live = [r for r in range(len(self.workers)) if r not in self.placements.lost_ranks()]
+        for _ in range(SPLIT_ATTEMPTS):
+            ahead = max(get([s.ping.remote() for s in self.shards])) + SPLIT_AHEAD
+            plan = SplitPlan(ahead, tuple(rows))
+            try:
+                get([s.plan_split.remote(plan) for s in self.shards])
+            except StepMismatch:
+                get([s.cancel_split.remote(plan.version) for s in self.shards])
+                continue
+            # Kept even when a worker dies meanwhile: the others may have it, and
+            # its replacement takes the job's plans (replace_worker).
+            self.split = self.split.with_plan(plan)
+            self.split_history.append(plan)
+            self._save_split()
+            try:
+                get([self.workers[r].set_split.remote(plan) for r in live])
+            finally:
+                self._release(plan.version)
+            return plan
+        return None
+
+    def _save_split(self) -> None:
+        """The plans into the run directory (batch_split.json), for --resume."""
+        save_plans(self.run_dir, self.split, self.split_history)
+
+    def _resume_split(self) -> None:
+        """A resumed run's plans: the steps it replays train on the rows they had."""
+        c = self.config
+        loaded = load_plans(self.run_dir, c.batch_size, c.num_workers)
+        if loaded is not None and c.batch_split == "measured":
+            self.split, self.split_history = loaded
+
+    def _release(self, version: int) -> None:
+        """Let the pulls a split plan held go on (a dead shard's are gone with it)."""
+        refs = [s.release_split.remote(version) for s in self.shards]
+        ray.wait(refs, num_returns=len(refs), timeout=REDIRECT_TIMEOUT_S)
+
     def stop(self) -> None:
         """Kill the workers, stop the shards (waking their waiting calls) and kill
         them, free the reservation. Idempotent."""
@@ -483,9 +553,11 @@ class Job:
         self.stop()
 
 
-def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = None):
+def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = None,
+                split: SplitPlans = SplitPlans()):
     """Worker `rank`'s WorkerSpec (imported here: workers/worker.py loads
-    TensorFlow, which the driver's module does not import)."""
+    TensorFlow, which the driver's module does not import); `split`: the
+    plans made so far (a replacement's)."""
     from towerps.workers import WorkerSpec
 
     return WorkerSpec(
@@ -501,6 +573,8 @@ def worker_spec(config: TrainConfig, rank: int, global_clipnorm: float | None = 
         # With checkpoints a dead shard comes back (cluster/recovery/supervisor.py): wait for it.
         recovery_wait_s=config.pull_timeout_s if config.checkpoint_every else 0.0,
         push_pull=config.push_pull,
+        batch_split=config.batch_split,
+        split=split,
     )
 
 

@@ -27,6 +27,11 @@ ended before a rollback, and the loop follows what it did (the replacement's
 one, the first death fails the run. What recovery guarantees is written
 down in cluster/recovery/__init__.py.
 
+With `--batch-split measured` the workers' figures also go to the split
+planner (cluster/run/split.py); when their speeds drifted from their rows,
+the job makes the new rows every worker's from a version just ahead of the
+shards (`Job.apply_split`). At most one plan per REPORT_S.
+
 What the user sees (cluster/recovery/history.py): a line for each recovery
 once it is done (what died, who took over, from which version, how long
 it took), and a line when no update has come for STALL_S while training,
@@ -52,6 +57,7 @@ from towerps.cluster.recovery.ledger import Counting, Ledger, examples_at
 from towerps.cluster.recovery.policy import (RECOVERING, Action, Decision, Event,
                                              RecoveryPolicy, Status)
 from towerps.cluster.run.remote import get
+from towerps.cluster.run.split import SplitPlanner
 from towerps.errors import ActorDied, ClusterError, ShardUnavailable
 from towerps.private import open_private
 
@@ -113,6 +119,7 @@ class _Watch:
         self.opened: list = []  # clients made after recoveries, closed at the end
         self.ledger = Ledger(_counting(job.config, client, job.resume_version or 0, t_train))
         self.figures = _WorkerPoll(job.workers)
+        self.planner = _planner(job)  # None: the batch splits as it does
         eval_points = job.config.eval_points
         self.snapshots = Snapshots(eval_points) if eval_points else None
         self.replies: list = []  # every shard's latest StatusReply
@@ -195,11 +202,15 @@ class _Watch:
             self.stall.reset()
             self.runs.start(recovered.runs)
             self._follow(recovered.back)
+            if self.planner is not None:  # new figures; after a node's loss, new rows
+                self.planner.planned(0, self.job.split.plans[-1].rows)
             return True
         self._count(status.replies)
         if action is Action.FINISH:
             return False
-        self.figures.poll(self.ledger.seen, status.replies, self.observer)
+        figures = self.figures.poll(self.ledger.seen, status.replies, self.observer)
+        if figures and self.planner is not None and not self.ending:
+            self._resplit(figures)
         stalled = self.stall.check(self.ledger.seen)
         if stalled is not None and not self.ending:
             log.warning(stalled)
@@ -239,6 +250,19 @@ class _Watch:
         self.ending, self.interrupted = True, status.event is Event.STOP_REQUESTED
         end = max(r.version for r in status.replies) + 1
         self.ledger.end_at(get([s.end_at.remote(end) for s in self.job.shards])[0])
+
+    def _resplit(self, figures: list) -> None:
+        """New rows for the workers when their figures call for them."""
+        rows = self.planner.observe(figures)
+        if rows is None:
+            return
+        try:
+            plan = self.job.apply_split(rows)
+        except ActorDied:
+            return  # the next poll finds the death, and the recovery re-plans
+        if plan is not None:
+            log.debug("batch split from version %d: %s", plan.version, list(plan.rows))
+            self.planner.planned(plan.version, plan.rows)
 
     def _snapshot(self) -> None:
         now = time.time() - self.t_train
@@ -313,21 +337,42 @@ class _WorkerPoll:
         self.refs: list | None = None
         self.next_at = time.monotonic()
 
-    def poll(self, version: int, replies: list, observer: Observer) -> None:
+    def poll(self, version: int, replies: list, observer: Observer) -> list:
+        """Hand the figures asked for last time to `observer` once all are in,
+        and return them ([]: none new); ask again when REPORT_S has passed."""
+        figures = []
         if self.refs is not None:
             ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
             if len(ready) < len(self.refs):
-                return
-            try:
-                figures = [f for f in ray.get(self.refs) if f is not None]
-            except ray.exceptions.RayError:
-                figures = []  # a worker died: the poll of its `run` call finds out
+                return []
+            figures = [f for f in map(_figures_of, self.refs) if f is not None]
             self.refs = None
             observer.workers(version, figures)
             observer.shards(version, replies)
         if time.monotonic() >= self.next_at:
             self.refs = [w.progress.remote() for w in self.workers]
             self.next_at = time.monotonic() + REPORT_S
+        return figures
+
+
+def _figures_of(ref):
+    """A worker's answered figures; None when it died (the poll of its `run`
+    call finds out), so the live workers' still count: after a node's loss,
+    the split planner re-plans over them."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayError:
+        return None
+
+
+def _planner(job) -> SplitPlanner | None:
+    """The split planner of a `--batch-split measured` job, from the rows in
+    force (each worker keeps at least a row per tower); None otherwise."""
+    config = job.config
+    if config.batch_split != "measured" or not config.mode.aggregates:
+        return None
+    return SplitPlanner(config.batch_size, job.split.plans[-1].rows,
+                        min_rows=config.devices.num_towers())
 
 
 def _counting(config, client, start: int, t_train: float) -> Counting:

@@ -134,8 +134,15 @@ class UserData:
         return [d for d in (self.train, self.validation)
                 if type(d).__module__.startswith("ray.data")]
 
-    def check_mode(self, mode) -> None:
-        """Ray Data splits advance together: refuse modes where a worker lags or skips."""
+    def check_mode(self, mode, batch_split: str = "equal") -> None:
+        """Ray Data splits advance together: refuse modes where a worker lags or
+        skips. A stream hands each worker batches of its own size: refuse
+        `--batch-split measured`, which resizes them."""
+        if self.kind != "arrays" and batch_split == "measured":
+            raise ConfigError(
+                f"--batch-split measured with a {self.kind.replace('_', '.')} stream: each "
+                "worker reads batches of a fixed size from its own stream, so its rows cannot "
+                "follow its speed; train on (x, y) arrays, or drop --batch-split")
         if self.kind == "ray_data" and (mode.name != "sync" or mode.backup_workers):
             raise ConfigError(
                 f"--mode {mode.label} with a Ray Data set: its splits advance together, so a "

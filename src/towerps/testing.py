@@ -53,24 +53,30 @@ def injected(seams: Seams | None) -> Iterator[Seams | None]:
 
 
 class SlowTower:
-    """A Tower (or TowerGroup) whose `compute_gradients` takes `factor` times as long.
+    """A Tower (or TowerGroup) whose `compute_gradients` takes `factor` times as long
+    (its first `calls` calls only, when given: then it is as fast as the tower).
 
     Everything else is the wrapped tower's own. `clock` and `sleep` are
     time.perf_counter and time.sleep unless a test passes its own.
     """
 
-    def __init__(self, tower, factor: float, *, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, tower, factor: float, *, calls: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep):
         if not factor >= 1.0:
             raise ConfigError(f"a slow tower's factor must be at least 1, got {factor}")
         self.inner = tower
         self.factor = factor
+        self._calls_left = calls
         self._clock, self._sleep = clock, sleep
 
     def compute_gradients(self, x, y) -> tuple[dict, float]:
         t0 = self._clock()
         result = self.inner.compute_gradients(x, y)
-        self._sleep((self.factor - 1.0) * (self._clock() - t0))
+        if self._calls_left is None or self._calls_left > 0:
+            self._sleep((self.factor - 1.0) * (self._clock() - t0))
+            if self._calls_left is not None:
+                self._calls_left -= 1
         return result
 
     def __getattr__(self, name):
@@ -113,6 +119,9 @@ class Faults(Seams):
     # (rank, step): that worker's first push of `step` or later reaches shard 0
     # only, then its process kills itself (a crash in the middle of a push).
     die_in_push: tuple[int, int] | None = None
+    # The slow worker is slow for its first N gradients only, then as fast as
+    # the others (a speed change in the middle of a run); None: the whole run.
+    slow_worker_steps: int | None = None
 
     @classmethod
     def parse(cls, slow_worker: str | None = None, slow_tower: str | None = None) -> Faults:
@@ -160,7 +169,7 @@ class Faults(Seams):
     def wrap_worker(self, rank: int, tower):
         """Worker `rank`'s tower (or tower group), wrapped if it is the slow worker."""
         if self.slow_worker is not None and self.slow_worker[0] == rank:
-            return SlowTower(tower, self.slow_worker[1])
+            return SlowTower(tower, self.slow_worker[1], calls=self.slow_worker_steps)
         return tower
 
     def describe(self) -> dict:

@@ -150,6 +150,15 @@ def test_stragglers(tmp_path):
     assert figures["runs"]["no_straggler"]["pushes_dropped_per_shard"] == [0]
 
 
+def test_hetero(tmp_path):
+    figures = run_bench("hetero", tmp_path)["figures"]
+    assert set(figures["runs"]) == {"equal", "measured", "equal_with_1_backup",
+                                    "measured_speed_change"}
+    for run in figures["runs"].values():
+        assert run["median_step_s"] > 0 and sum(run["batch_split"][-1]["rows"]) == 48
+    assert figures["ideal_step_s"] > 0 and figures["measured_vs_backup_examples"] > 0
+    assert figures["runs"]["equal"]["batch_split"] == [{"version": 0, "rows": [16, 16, 16]}]
+
 
 def test_same_node(tmp_path):
     figures = run_bench("same_node", tmp_path)["figures"]

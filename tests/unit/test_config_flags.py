@@ -29,8 +29,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 CONFIG_KEYS = [
     "dataset", "data_dir", "download", "model", "mode", "staleness", "staleness_lr",
     "backup_workers", "sum_order", "nonfinite", "num_workers", "num_ps", "per_node",
-    "min_nodes", "batch_size", "steps", "budget_s", "eval_points", "optimizer", "lr",
-    "table_optimizer", "seed",
+    "min_nodes", "batch_size", "batch_split", "steps", "budget_s", "eval_points", "optimizer",
+    "lr", "table_optimizer", "seed",
     "address", "run_dir", "log_every", "wire_dtype", "same_node_transport", "push_pull",
     "pull_timeout_s", "checkpoint_every", "checkpoint_dir", "keep_checkpoints", "spare_workers",
     "token_file", "tls", "tls_dir", "devices", "verbose", "dashboard", "model_fn", "data_fn"]
@@ -43,7 +43,7 @@ JOB_KEYS = {
     "gpus_per_worker", "gpus", "cpu_towers", "cpu_only", "memory_growth", "gpu_memory_limit_mb",
     "intra_op_threads", "inter_op_threads", "soft_placement", "log_device_placement",
     "tower_balance", "nonfinite", "token_file", "tls", "tls_dir", "mode", "staleness",
-    "staleness_lr", "backup_workers", "resume", "table_optimizer"}
+    "staleness_lr", "backup_workers", "resume", "table_optimizer", "batch_split"}
 
 
 def configs(tmp_path) -> list[TrainConfig]:
@@ -67,6 +67,7 @@ def configs(tmp_path) -> list[TrainConfig]:
                                          inter_op_threads=3, soft_placement=False,
                                          log_device_placement=True, tower_balance="measured")),
         TrainConfig(**common, mode=Mode("sync", backup_workers=1, nonfinite="skip-step"),
+                    batch_split="measured",
                     devices=DeviceConfig(gpus_per_worker=0.5, gpu_memory_limit_mb=4096)),
         TrainConfig(**{**common, "tls": "auto", "tls_dir": None},
                     devices=DeviceConfig(cpu_only=True, cpu_towers=2)),

@@ -57,6 +57,17 @@ def test_a_slow_tower_sleeps_factor_minus_one_times_its_compute_and_changes_no_g
     assert slow.device == tower.device  # everything else is the wrapped tower's
 
 
+def test_a_slow_tower_with_a_count_of_calls_is_slow_for_those_only(data):
+    tower = Tower(build_model("mlp", data.input_shape, data.num_classes, seed=0))
+    clock = Clock()
+    slow = SlowTower(Ticking(tower, clock, 1.0), 3.0, calls=2, clock=lambda: clock.now_s,
+                     sleep=clock.sleep)
+    x, y = data.train_batch(0, 0, 8, slice(0, 8))
+    for _ in range(4):
+        slow.compute_gradients(x, y)
+    assert clock.slept == [2.0, 2.0]  # then as fast as the tower (a speed change mid-run)
+
+
 def test_faults_wrap_only_the_named_worker_and_tower():
     faults = Faults(slow_worker=(1, 3.0), slow_tower=(0, 8.0))
     towers = faults.wrap_towers(["t0", "t1"])

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from tests.polling import wait_until
-from towerps.errors import BadTensor, PullTimeout, ShardUnavailable, StepMismatch
+from towerps.errors import BadRequest, BadTensor, PullTimeout, ShardUnavailable, StepMismatch
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import PushOutcome, Shard
+from towerps.ps.split import SplitPlan
 
 pytestmark = pytest.mark.unit
 
@@ -199,3 +200,41 @@ def test_every_push_outcome_has_a_wire_name_and_the_wire_no_other():
 
     wire = set(pb.PushReply.Outcome.keys()) - {"OUTCOME_UNSPECIFIED"}
     assert {o.name for o in PushOutcome} == wire
+
+
+def test_a_split_plan_holds_pulls_of_its_version_until_released():
+    shard = make_shard(num_workers=2)
+    shard.plan_split(SplitPlan(1, (3, 1)))
+    got = {}
+    thread = threading.Thread(target=lambda: got.setdefault("result", shard.pull(1, 30.0)))
+    thread.start()
+    wait_until(lambda: pulls_waiting(shard) == 1, 30.0, "the pull to wait for version 1")
+    shard.push(0, 0, grads(1.0), 2)  # step 0 is before the plan: any rows
+    shard.push(1, 0, grads(1.0), 2)
+    assert shard.version == 1
+    # Version 1 exists, but no worker may train on it before every worker has the plan.
+    with pytest.raises(PullTimeout):
+        shard.pull(0, timeout_s=0.01)
+    assert pulls_waiting(shard) == 1 and "result" not in got
+    shard.release_split(1)
+    thread.join(timeout=30.0)
+    assert got["result"][0] == 1
+    with pytest.raises(StepMismatch, match="share of the global batch is 3 rows at that step"):
+        shard.push(0, 1, grads(1.0), 2)  # the old rows
+    assert shard.push(0, 1, grads(1.0), 3).outcome == PushOutcome.BUFFERED
+    assert shard.push(1, 1, grads(1.0), 1).outcome == PushOutcome.APPLIED
+    assert shard.split_plans().to_json() == [{"version": 1, "rows": [3, 1]}]
+
+
+def test_a_split_plan_for_a_version_the_shard_reached_is_refused_and_one_called_off_forgotten():
+    shard = make_shard(num_workers=2)
+    shard.push(0, 0, grads(1.0), 2)
+    shard.push(1, 0, grads(1.0), 2)
+    with pytest.raises(StepMismatch, match="past the split plan's version 1"):
+        shard.plan_split(SplitPlan(1, (3, 1)))
+    shard.plan_split(SplitPlan(3, (3, 1)))
+    with pytest.raises(BadRequest, match="version 3 is still held"):
+        shard.plan_split(SplitPlan(4, (2, 2)))
+    shard.cancel_split(3)
+    assert shard.split_plans().to_json() == []
+    assert shard.pull(1, timeout_s=1.0)[0] == 1
