@@ -116,6 +116,7 @@ class PSClient:
         backoff_s: float = 0.2,
         credentials: Credentials | None = None,
         same_node: SameNode | None = None,
+        tables_as_rows: bool = False,
     ):
         if len(addresses) != plan.num_shards:
             raise ConfigError(
@@ -132,6 +133,8 @@ class PSClient:
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        # Tables' gradients always as rows, never dense (--table-optimizer lazy: to_wire).
+        self.tables_as_rows = tables_as_rows
         self._metadata = bearer(credentials.token) if credentials else None
         tls = credentials.tls if credentials else None
         # A pull (unary-stream) reads its replies on the calling thread rather
@@ -337,7 +340,8 @@ class PSClient:
         row-sparse one's rows and ids) and (name, k) of each row-sparse one
         (src/towerps/sparse.py `to_wire`)."""
         size = self.wire_dtype.itemsize
-        return [to_wire(part, size) for part in self.plan.split(grads)]
+        dense_when_smaller = not self.tables_as_rows
+        return [to_wire(part, size, dense_when_smaller) for part in self.plan.split(grads)]
 
     def _payload(self, per_shard: list[tuple[dict, list]]) -> int:
         """Tensor bytes a push sends: floats in the wire dtype, ids as int64."""

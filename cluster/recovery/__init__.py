@@ -91,7 +91,7 @@ accepted, not closed):
   the replayed pushes interleave anew, so the weights differ from a clean
   run's as two async runs do.
 - A node lost for good: sync mode on data read by step only (async, ssp or
-  a stream end the run with a ClusterError naming why); the survivors
+  a stream end the run with a RecoveryFailed naming why); the survivors
   share each global batch, which is the same mean gradient up to float32
   rounding, not bit for bit. Open: a shard started on the last node
   standing binds 127.0.0.1, which a driver on another machine cannot reach.

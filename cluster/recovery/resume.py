@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from towerps.errors import ConfigError
 from towerps.ps.checkpoint import CheckpointStore, ShardState
 from towerps.ps.modes import Mode
 from towerps.ps.placement import PlacementPlan
@@ -38,16 +39,25 @@ class ResumedParts:
 
     @classmethod
     def of(cls, store: CheckpointStore, version: int, plan: PlacementPlan,
-           shapes: Mapping[str, tuple[int, ...]], mode: Mode) -> ResumedParts:
+           shapes: Mapping[str, tuple[int, ...]], mode: Mode,
+           keras_optimizer: str | None = None) -> ResumedParts:
         """The parts of checkpoint `version` of `store` (keyed) for `plan`'s
         shards, re-split unless each shard's part fits it already. Raises
         CheckpointError (a part not proven, parts that disagree) or
-        ConfigError (async/ssp) naming why, before any shard starts."""
+        ConfigError (async/ssp; `keras_optimizer`, the name of an optimizer
+        that runs as Keras' own, whose state is kept by position on each
+        shard) naming why, before any shard starts."""
         written_by = store.manifest(version)["num_shards"]
         if written_by == plan.num_shards and all(
                 store.part_names(version, k) == {s.name for s in plan.slices if s.shard == k}
                 for k in range(plan.num_shards)):
             return cls(version, None)
+        if keras_optimizer is not None:
+            raise ConfigError(
+                f"checkpoint v{version} was written by {written_by} shards (or in another "
+                f"layout), and {keras_optimizer} runs on the shards as Keras' own optimizer, "
+                "which keeps its state by position on each shard: it cannot be re-split; "
+                f"resume with --num-ps {written_by}")
         parts, written = checkpoint_parts(store, version, shapes)
         if same_layout(written, plan):  # the headers said otherwise: the parts are proven
             return cls(version, None)

@@ -127,8 +127,8 @@ class Supervisor:
         """Carry out a recovering `decision` (policy.RECOVERING); `seen` is the
         newest version the watch loop counted. Blocks until every actor it
         starts is set up and every worker is redirected. Raises RecoveryFailed
-        when a rollback is needed and no checkpoint is complete, ClusterError
-        when a node was lost that the run cannot go on without."""
+        when a rollback is needed and no checkpoint is complete, or when a
+        node was lost that the run cannot go on without."""
         runs = {}
         if decision.action is Action.REPLACE_WORKERS:
             runs = {rank: self._replace_worker(rank, seen) for rank in decision.ranks}
@@ -275,7 +275,7 @@ class Supervisor:
         """If Ray counts a node of the job dead that was not recovered from yet:
         its shards start on a survivor, its workers' rows go to the others,
         every shard goes back to the latest complete checkpoint; returns True.
-        Raises ClusterError when the run cannot go on without the node."""
+        Raises RecoveryFailed (exit 1) when the run cannot go on without the node."""
         lost = self._losses.find(alive_node_ids())
         if lost is None:
             return False

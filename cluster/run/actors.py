@@ -321,6 +321,9 @@ class WorkerJob:
     # spare or a replacement counts the ranks placed on its node then, not
     # itself. Empty: each computes alone.
     worker_nodes: tuple[str, ...] = ()
+    # --table-optimizer lazy: tables' gradients always travel as rows
+    # (PSClient.tables_as_rows), so the rows that move are the rows touched.
+    tables_as_rows: bool = False
 
 
 # Two threads: `progress`, `redirect` and `set_split` answer while `run` goes on.
@@ -410,7 +413,7 @@ class WorkerActor:
             self._dataset, _ = _data_and_model(spec, job, inputs)
         self._same_node = same_node_of(job, self._rank, ray.get_runtime_context().get_node_id())
         client = PSClient(list(job.addresses), job.plan, job.wire_dtype, credentials=credentials,
-                          same_node=self._same_node)
+                          same_node=self._same_node, tables_as_rows=job.tables_as_rows)
         # A redirect's new client: the same credentials, the same test seams.
         self._job, self._credentials, faults = job, credentials, self._faults
         self._worker = Worker(spec, self._dataset, faults.wrap_worker(self._rank, self._towers),
@@ -443,7 +446,8 @@ class WorkerActor:
             here = ray.get_runtime_context().get_node_id()
             self._same_node = same_node_of(self._job, self._rank, here)
         client = PSClient(list(target.addresses), self._job.plan, self._job.wire_dtype,
-                          credentials=self._credentials, same_node=self._same_node)
+                          credentials=self._credentials, same_node=self._same_node,
+                          tables_as_rows=self._job.tables_as_rows)
         self._worker.redirect(target, self._faults.wrap_client(self._rank, client))
         return list(self._same_node.shards) if self._same_node else []
 

@@ -303,6 +303,12 @@ def resume_config(run_dir: str, address: str | None = None, steps: int | None = 
     if token_file is not None:
         changes["token_file"] = token_file
     if num_ps is not None:  # a count given is kept: not one shard per node
+        if num_ps != config.num_ps and not config.mode.aggregates:
+            raise ConfigError(
+                f"--num-ps {num_ps}: the run in {run_dir} trained in {config.mode.name} mode on "
+                f"{config.num_ps} shards, and there each shard's checkpoint part holds its own "
+                "set of pushes, so rows joined from several parts have no one clock per "
+                f"worker to go on from; resume with --num-ps {config.num_ps}")
         changes.update(num_ps=num_ps, per_node=False)
     return dataclasses.replace(config, **changes)
 

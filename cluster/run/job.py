@@ -204,7 +204,9 @@ class Job:
         own, or the driver re-splits them (cluster/recovery/resume.py)."""
         store = self.checkpoints.driver_store(self.security.checkpoint_key)
         shapes = {n: a.shape for n, a in payload.initial.items()}
-        resumed = ResumedParts.of(store, version, plan, shapes, self.config.mode)
+        spec = payload.optimizer
+        resumed = ResumedParts.of(store, version, plan, shapes, self.config.mode,
+                                  spec.name if spec is not None and spec.runs_keras else None)
         self._resumed_refs = [ray.put(p) for p in resumed.parts]
         self.resumed = dataclasses.replace(resumed, parts=())  # the driver keeps no copy
 
@@ -262,7 +264,8 @@ class Job:
                          faults=installed().for_job(c), user_model=user and user.build_model,
                          loss=user and user.loss, same_node=self.segment_prefix,
                          shard_nodes=tuple(self._shard_nodes()) if self.addresses else (),
-                         worker_nodes=tuple(self.reservation.worker_nodes()))
+                         worker_nodes=tuple(self.reservation.worker_nodes()),
+                         tables_as_rows=c.table_optimizer == "lazy")
 
     def _build_workers(self, payload: Payload) -> list | None:
         """The built-in model's workers build their data set and towers (the

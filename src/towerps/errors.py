@@ -68,8 +68,9 @@ class ActorFailed(ClusterError):
 
 
 class RecoveryFailed(ClusterError):
-    """An actor died during training and the job could not bring it back (no
-    complete checkpoint to start it from): a runtime failure, not bad input."""
+    """An actor or a node died during training and the job could not go on
+    (no complete checkpoint to start from, or no way to hand a lost node's
+    rows to the others): a runtime failure (exit 1), not bad input."""
 
 
 class CheckpointError(TowerpsError):

@@ -116,11 +116,14 @@ def check_ids(name: str, grad: RowSparse) -> None:
                         "each row once, summed, in ascending order of id")
 
 
-def to_wire(tensors: Mapping[str, np.ndarray], float_bytes: int
+def to_wire(tensors: Mapping[str, np.ndarray], float_bytes: int, dense_when_smaller: bool = True
             ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
     """The tensors a push carries, and (name, k) of each that travels
     row-sparse. A RowSparse goes as its rows and `<name>/ids`, or dense when
-    that is no smaller (`float_bytes`: bytes per float on the wire)."""
+    that is no smaller (`float_bytes`: bytes per float on the wire) and
+    `dense_when_smaller`. Without it a RowSparse always goes as rows: under
+    `--table-optimizer lazy` the rows a push names are the rows that move,
+    so they must not depend on how many rows a shard's slice holds."""
     flat: dict[str, np.ndarray] = {}
     sparse: list[tuple[str, int]] = []
     for name, grad in tensors.items():
@@ -128,7 +131,8 @@ def to_wire(tensors: Mapping[str, np.ndarray], float_bytes: int
             flat[name] = grad
             continue
         row_bytes = math.prod(grad.rows.shape[1:]) * float_bytes
-        if len(grad.ids) * (row_bytes + IDS_DTYPE.itemsize) >= grad.num_rows * row_bytes:
+        if dense_when_smaller and (len(grad.ids) * (row_bytes + IDS_DTYPE.itemsize)
+                                   >= grad.num_rows * row_bytes):
             flat[name] = grad.to_dense()
             continue
         flat[name] = grad.rows

@@ -21,6 +21,7 @@ from towerps.ps.modes import Mode
 from towerps.ps.parts import ShardLayout, checkpoint_key
 from towerps.ps.placement import plan_placement
 from towerps.ps.reshard import reshard, same_layout, written_layout
+from towerps.sparse import RowSparse
 
 pytestmark = pytest.mark.unit
 
@@ -55,20 +56,26 @@ def names(placement):
     return {s.name for s in placement.slices if s.variable in STATE}
 
 
-def fresh_shards(placement, mode=None):
+def fresh_shards(placement, mode=None, tables="exact"):
     per_shard = placement.split(tensors(0))
     state = names(placement)
     return [Shard(k, {n: a for n, a in s.items() if n not in state},
-                  make_optimizer("adam", 0.01), WORKERS, mode,
+                  make_optimizer("adam", 0.01, tables), WORKERS, mode,
                   state={n: a for n, a in s.items() if n in state})
             for k, s in enumerate(per_shard)]
 
 
-def train(shards, placement, steps, seed):
-    """`steps` sync steps: each worker pushes its gradients (and state values)."""
+def train(shards, placement, steps, seed, table_rows=None):
+    """`steps` sync steps: each worker pushes its gradients (and state values);
+    with `table_rows`, the table's as a RowSparse of the first that many rows
+    (most of each shard's slice: rows a dense push would also have moved)."""
     for step in range(steps):
         for rank in range(WORKERS):
-            pushed = placement.split(tensors(seed + 10 * step + rank))
+            grads = tensors(seed + 10 * step + rank)
+            if table_rows is not None:
+                ids = np.arange(table_rows - rank)
+                grads["table"] = RowSparse(ids, grads["table"][ids], SHAPES["table"][0])
+            pushed = placement.split(grads)
             for shard, slices in zip(shards, pushed):
                 shard.push(rank, shard.version, slices, num_examples=4)
 
@@ -96,11 +103,13 @@ def assert_same(a, b):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.parametrize("tables, table_rows", [("exact", None), ("lazy", 900)])
 @pytest.mark.parametrize("n, m", [(2, 3), (3, 2), (1, 2), (2, 1)])
-def test_a_checkpoint_of_n_shards_goes_on_as_m_bit_for_bit(n, m):
+def test_a_checkpoint_of_n_shards_goes_on_as_m_bit_for_bit(n, m, tables, table_rows):
+    """Lazy tables too: the rows that move are the rows pushed, on any count."""
     old, new = plan(n), plan(m)
-    shards = fresh_shards(old)
-    train(shards, old, steps=3, seed=1)
+    shards = fresh_shards(old, tables=tables)
+    train(shards, old, steps=3, seed=1, table_rows=table_rows)
     parts = [s.export_state() for s in shards]
 
     written = written_layout(parts, SHAPES)
@@ -110,10 +119,10 @@ def test_a_checkpoint_of_n_shards_goes_on_as_m_bit_for_bit(n, m):
     assert [int(s.optimizer["iterations"]) for s in states] == [3] * m
     assert {(s.version, tuple(s.last_step)) for s in states} == {(3, (2, 2))}
 
-    moved = [Shard.from_state(s, make_optimizer("adam", 0.01), layout=lay)
+    moved = [Shard.from_state(s, make_optimizer("adam", 0.01, tables), layout=lay)
              for s, lay in zip(states, layouts(new))]
-    train(shards, old, steps=2, seed=100)
-    train(moved, new, steps=2, seed=100)
+    train(shards, old, steps=2, seed=100, table_rows=table_rows and table_rows // 2)
+    train(moved, new, steps=2, seed=100, table_rows=table_rows and table_rows // 2)
     assert_same(whole([s.export_state() for s in moved], new),
                 whole([s.export_state() for s in shards], old))
 
@@ -129,12 +138,13 @@ def test_a_checkpoint_written_before_tables_were_spread_by_id_is_rejoined():
     assert_same(whole(reshard(parts, written, now), now), whole(parts, before))
 
 
-def test_async_and_ssp_are_refused_naming_the_checkpoints_shards():
+@pytest.mark.parametrize("mode", [Mode("async"), Mode("ssp", staleness=2)])
+def test_async_and_ssp_are_refused_naming_the_checkpoints_shards(mode):
     old = plan(2)
-    shards = fresh_shards(old, Mode("async"))
+    shards = fresh_shards(old, mode)
     parts = [s.export_state() for s in shards]
-    with pytest.raises(ConfigError, match="async mode.*no one clock.*--num-ps 2"):
-        reshard(parts, written_layout(parts, SHAPES), plan(3), Mode("async"))
+    with pytest.raises(ConfigError, match=f"{mode.name} mode.*no one clock.*--num-ps 2"):
+        reshard(parts, written_layout(parts, SHAPES), plan(3), mode)
 
 
 def test_parts_whose_step_counts_differ_are_refused():
@@ -203,3 +213,20 @@ def test_resume_with_num_ps_keeps_the_count_given(tmp_path):
         2, True)
     config = resume_config(str(tmp_path), num_ps=3)
     assert (config.num_ps, config.per_node) == (3, False)
+
+
+def test_a_keras_run_optimizers_checkpoint_is_re_split_never(tmp_path):
+    """Its state is kept by position on each shard: refused, even where its
+    only entry is a step counter that would re-split without complaint."""
+    store, _ = stored(tmp_path, plan(2))
+    assert ResumedParts.of(store, 2, plan(2), SHAPES, Mode(), "rmsprop").resharded_from is None
+    with pytest.raises(ConfigError, match="rmsprop runs on the shards as Keras' own.*--num-ps 2"):
+        ResumedParts.of(store, 2, plan(3), SHAPES, Mode(), "rmsprop")
+
+
+@pytest.mark.parametrize("mode", [Mode("async"), Mode("ssp", staleness=2)])
+def test_async_and_ssp_runs_are_refused_another_num_ps_before_ray_starts(tmp_path, mode):
+    TrainConfig(dataset="synthetic", num_ps=2, mode=mode, checkpoint_every=2).save(str(tmp_path))
+    assert resume_config(str(tmp_path), num_ps=2).num_ps == 2
+    with pytest.raises(ConfigError, match=f"--num-ps 3: .* {mode.name} mode on 2 shards"):
+        resume_config(str(tmp_path), num_ps=3)

@@ -104,6 +104,20 @@ def test_a_gradient_touching_most_rows_goes_dense():
     assert entries == [] and flat["table"].tobytes() == grad.to_dense().tobytes()
 
 
+@pytest.mark.parametrize("touched", [range(10), range(ROWS)])
+def test_under_lazy_a_table_goes_as_rows_however_many_it_touches(touched):
+    """--table-optimizer lazy moves the rows a push names: they must be the
+    rows touched whatever a shard's slice holds, so no dense fallback."""
+    grad = sparse(touched)
+    flat, entries = to_wire({"table": grad}, float_bytes=4, dense_when_smaller=False)
+    assert entries == [("table", len(touched))]
+    header = pb.PushHeader(sparse=[pb.SparseTensor(name=n, num_ids=k) for n, k in entries])
+    specs = {"table": spec_of(np.zeros((ROWS, WIDTH), np.float32))}
+    assert wire_specs(specs, header.sparse)["table"].shape == (len(touched), WIDTH)
+    back = from_wire(flat, header.sparse, specs)
+    assert back["table"].to_dense().tobytes() == grad.to_dense().tobytes()
+
+
 @pytest.mark.parametrize("entry, why", [
     (("nothing", 1), "not a variable"), (("scalar", 0), "not a variable"),
     (("table", ROWS + 1), "announces"), (("table", -1), "announces"),
@@ -241,8 +255,9 @@ def test_clipping_counts_a_row_sparse_gradients_norm_from_its_rows():
 
 @pytest.mark.parametrize("row_sparse_mean", [True, False])
 def test_a_reused_buffer_starts_each_step_from_zero_without_a_fill(row_sparse_mean):
-    """`clear` zeroes the rows a step wrote; the next steps' means are still
-    the dense ones, whether a dense push or one push alone comes between."""
+    """A step's first push zeroes the rows the step before wrote (no fill of
+    the whole table); the next steps' means are still the dense ones, a
+    dense push between them included."""
     buffer = StepBuffer({"table": np.zeros((ROWS, WIDTH), np.float32)}, quorum=2,
                         row_sparse_mean=row_sparse_mean)
     steps = [[(0, gradients_with_signed_zeros(1), 3), (1, gradients_with_signed_zeros(2), 5)],
