@@ -18,6 +18,7 @@ worker holds before one push until the test has done its killing.
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray.test_checkpoints import CLEAN_STEPS, clean, job, weights_of  # noqa: F401 (fixture)
+from tests.ray.test_checkpoints import (  # noqa: F401 (clean: a fixture)
+    CLEAN_STEPS, assert_same, clean, job, optimizer_of, weights_of)
 from tests.polling import wait_until
 from tests.ray.test_stops import descendants, running, wait_for, wait_gone
 from towerps.cluster import TrainConfig, train
@@ -334,13 +336,16 @@ def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_k
     checkpoint 4 is complete: every process of the run ends (Ray's own
     processes share the driver's fate; its actors end with their raylet).
     `towerps train --resume RUN_DIR`, started at once, goes on from
-    checkpoint 4 and ends as the clean run, bit for bit. Ray's two agents
+    checkpoint 4 and ends as the clean run, bit for bit, the shards' Adam
+    state included; it keeps 2 checkpoints, as the killed run's config.json
+    says, and its files are private. Ray's two agents
     are left out of the count: once their raylet is gone they spend Ray's
     fixed 60 s trying to tell the GCS, gone too, before they exit."""
     run_dir, release = tmp_path / "run", tmp_path / "release"
     driver = subprocess.Popen(
         [sys.executable, str(HOLD_HARNESS), str(release), "0", "6", "train", *FLAGS,
-         "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--keep-checkpoints", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     manifest = run_dir / "checkpoints" / "v0000000004" / "MANIFEST.json"
     wait_for(lambda: manifest.exists() and os.path.exists(f"{release}.held"),
              "checkpoint 4 and worker 0 held", driver)
@@ -366,9 +371,19 @@ def test_the_driver_killed_after_a_checkpoint_then_resumed_ends_as_without_the_k
     assert not [n for n in os.listdir(SEGMENT_DIR) if n.startswith(tuple(killed_prefixes))]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["checkpoints"]["resumed_from"] == 4 and summary["recoveries"] == []
+    assert summary["checkpoints"]["complete"] == [12, 16]  # the newest 2: its config.json's
     assert {**summary["config"], "run_dir": None} == {
-        **json.loads((clean / "summary.json").read_text())["config"], "run_dir": None}
+        **json.loads((clean / "summary.json").read_text())["config"], "run_dir": None,
+        "keep_checkpoints": 2}
     assert_as_clean(run_dir, summary, clean)
+    assert_same(optimizer_of(run_dir / "model.keras"), optimizer_of(clean / "model.keras"))
+    # The rate counts the resumed run's own 12 steps over its own training time.
+    assert summary["examples_per_s"] == pytest.approx(12 * 96 / summary["wall_s"])
+    # Its folders, checkpoints included, are 0700 and its files 0600.
+    for folder, _, files in os.walk(run_dir):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
+        for name in files:
+            assert stat.S_IMODE(os.lstat(os.path.join(folder, name)).st_mode) == 0o600, name
 
 
 def test_a_spare_takes_a_killed_workers_rank_and_the_run_ends_as_without_the_kill(

@@ -72,8 +72,10 @@ def test_parity_one_worker_two_workers_and_one_process(ray_cluster, shared_runs,
     """Sync mode's oracle: the global batch of a step is the same whatever the
     number of workers, so the weights are the same up to floating point;
     whether tensors cross shared memory (one node: every pair) or gRPC, and
-    whether a push's answer brings the next parameters or a pull fetches them."""
-    w1, _ = parity_run(shared_runs, 1, transport, push_pull)
+    whether a push's answer brings the next parameters or a pull fetches them.
+    The one-worker run is one for the three (shared memory, combined): each
+    two-worker run is compared with it and with the one-process oracle."""
+    w1, _ = parity_run(shared_runs, 1)
     w2, summary = parity_run(shared_runs, 2, transport, push_pull)
     one, two = weights_of(w1), weights_of(w2)
     workers = [r for r in summary.placement if r["role"] == "worker"]
