@@ -52,7 +52,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from towerps.ps.optimizers import BLOCK_ELEMENTS, flat_blocks
-from towerps.sparse import RowSparse
+from towerps.sparse import RowSparse, rows_named
 
 
 class StepBuffer:
@@ -149,6 +149,14 @@ class StepBuffer:
             self._sparse_rows[name] = np.union1d(before, grad.ids)
         total[rest] += np.float32(0)
         total[grad.ids] += scaled
+
+    def rows_touched(self) -> int:
+        """The distinct rows the step's row-sparse gradients named (the union
+        over its pushes, per variable; one summed dense at any push counts
+        none). Call after `mean`, before `clear`."""
+        if self._first is not None:
+            return rows_named(self._first[0])
+        return sum(len(ids) for ids in self._sparse_rows.values())
 
     @property
     def loss(self) -> float:
