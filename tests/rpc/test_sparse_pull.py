@@ -1,8 +1,8 @@
 """Row pulls at a live shard, through both carriers (chunks in the call,
 same-node segments), by Pull and by PushPull: the rows asked for are the
-dense pull's rows, bit for bit; hostile ids are refused with
-INVALID_ARGUMENT and change nothing; Status counts the rows served. Raw gRPC calls, as an attacker would
-make them.
+dense pull's rows, bit for bit (and Status counts them as served); hostile
+ids are refused with INVALID_ARGUMENT and change nothing. Raw gRPC calls,
+as an attacker would make them.
 
     .venv/bin/python -m pytest tests/rpc/test_sparse_pull.py
 """
