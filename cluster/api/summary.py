@@ -214,6 +214,12 @@ class RunSummary(Mapping):
     # PHASES: driver_imports, prepare, ray_init, driver_model, actor_scheduling,
     # worker_imports, worker_build, first_step); they add up to that time.
     startup_phases_s: dict[str, float] = field(default_factory=dict)
+    # Embedding tables, over the whole run (cluster/observe/tables.py); None without
+    # tables: the table rows the updates touched, per update, all shards together, and
+    # the busiest shard's share of them and of the bytes sent to pulls (1/num_ps: balance).
+    table_rows_touched_per_step: float | None = None
+    hottest_shard_share: float | None = None
+    hottest_shard_bytes_share: float | None = None
 
     @classmethod
     def of_job(cls, config, run_dir: str, /, **figures) -> RunSummary:

@@ -46,7 +46,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from towerps.cluster.observe.evals import Snapshot, Snapshots
-from towerps.cluster.observe.observers import Observer
+from towerps.cluster.observe.observers import Observer, Observers
+from towerps.cluster.observe.per_record import PerRecord
 from towerps.cluster.recovery.history import Stall, recovery_line
 from towerps.cluster.recovery.ledger import Counting, Ledger, examples_at
 from towerps.cluster.recovery.policy import (RECOVERING, Action, Decision, Event,
@@ -112,6 +113,9 @@ class _Watch:
         self.client = client  # to where the shards are now
         self.opened: list = []  # clients made after recoveries, closed at the end
         self.ledger = Ledger(_counting(job.config, client, job.resume_version or 0, t_train))
+        # Each metrics record's wire bytes and tables' load, counted since the one before.
+        self.per_record = PerRecord(self.ledger.counting.wire_bytes_per_step)
+        self.observer = Observers([self.per_record, observer])
         self.figures = _WorkerPoll(job.workers)
         eval_points = job.config.eval_points
         self.snapshots = Snapshots(eval_points) if eval_points else None
@@ -251,6 +255,7 @@ class _Watch:
         """A metrics record (None: none due) to metrics.jsonl, the observers and the bar."""
         if entry is None:
             return
+        entry.update(self.per_record.take(self.replies))
         self.metrics.write(json.dumps(entry) + "\n")
         self.metrics.flush()  # on disk at once: a killed driver's --resume keeps it
         self.observer.record(entry)
@@ -331,9 +336,11 @@ class _WorkerPoll:
 
 
 def _counting(config, client, start: int, t_train: float) -> Counting:
-    """What the ledger counts by: the config's figures, and the bytes on the wire."""
+    """What the ledger counts by: the config's figures, and the bytes on the wire
+    as the parameter count says, which metrics records carry until a worker
+    reports the bytes it moved (PerRecord counts them)."""
     per_step = config.mode.updates_per_step(config.num_workers)
-    # Every worker pulls and pushes every parameter once per step.
+    # Every worker pulls and pushes every parameter once per step (dense).
     parameters = sum(s.nbytes for s in client.plan.slices) // 4
     wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
     return Counting(start, config.batch_size, per_step, config.log_every * per_step,
