@@ -200,6 +200,8 @@ class _Watch:
             self.runs.start(recovered.runs)
             self._follow(recovered.back)
             return True
+        if action is Action.FINISH:  # the workers' final figures count in the last records
+            self.per_record.workers(self.ledger.seen, self.runs.reports())
         self._count(status.replies)
         if action is Action.FINISH:
             return False
