@@ -114,7 +114,9 @@ class _Watch:
         self.opened: list = []  # clients made after recoveries, closed at the end
         self.ledger = Ledger(_counting(job.config, client, job.resume_version or 0, t_train))
         # Each metrics record's wire bytes and tables' load, counted since the one before.
-        self.per_record = PerRecord(self.ledger.counting.wire_bytes_per_step)
+        counting = self.ledger.counting
+        self.per_record = PerRecord(counting.wire_bytes_per_step, counting.updates_per_step,
+                                    counting.start)
         self.observer = Observers([self.per_record, observer])
         self.figures = _WorkerPoll(job.workers)
         eval_points = job.config.eval_points
