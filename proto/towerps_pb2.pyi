@@ -183,7 +183,7 @@ class StepRecord(_message.Message):
     def __init__(self, version: _Optional[int] = ..., loss: _Optional[float] = ..., num_examples: _Optional[int] = ..., applied_at_s: _Optional[float] = ..., staleness: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps", "pushes_dropped", "pushes_after_end", "gate_waits", "staleness_histogram", "pushes_nonfinite", "steps_skipped", "calls_in_flight", "bytes_received", "bytes_sent", "updates_applied", "apply_s", "pulls_waiting", "pushes_per_s", "refused_unauthenticated", "refused_permission_denied", "refused_overloaded", "refused_bad_tensor")
+    __slots__ = ("shard_index", "version", "num_parameters", "parameter_bytes", "pushes_applied", "pushes_duplicate", "pushes_rejected", "steps", "pushes_dropped", "pushes_after_end", "gate_waits", "staleness_histogram", "pushes_nonfinite", "steps_skipped", "calls_in_flight", "bytes_received", "bytes_sent", "updates_applied", "apply_s", "pulls_waiting", "pushes_per_s", "refused_unauthenticated", "refused_permission_denied", "refused_overloaded", "refused_bad_tensor", "table_rows_touched", "table_rows_served")
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,8 @@ class StatusReply(_message.Message):
     REFUSED_PERMISSION_DENIED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_OVERLOADED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_BAD_TENSOR_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ROWS_TOUCHED_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ROWS_SERVED_FIELD_NUMBER: _ClassVar[int]
     shard_index: int
     version: int
     num_parameters: int
@@ -234,4 +236,6 @@ class StatusReply(_message.Message):
     refused_permission_denied: int
     refused_overloaded: int
     refused_bad_tensor: int
-    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., pushes_dropped: _Optional[int] = ..., pushes_after_end: _Optional[int] = ..., gate_waits: _Optional[int] = ..., staleness_histogram: _Optional[_Iterable[int]] = ..., pushes_nonfinite: _Optional[int] = ..., steps_skipped: _Optional[int] = ..., calls_in_flight: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., updates_applied: _Optional[int] = ..., apply_s: _Optional[float] = ..., pulls_waiting: _Optional[int] = ..., pushes_per_s: _Optional[float] = ..., refused_unauthenticated: _Optional[int] = ..., refused_permission_denied: _Optional[int] = ..., refused_overloaded: _Optional[int] = ..., refused_bad_tensor: _Optional[int] = ...) -> None: ...
+    table_rows_touched: int
+    table_rows_served: int
+    def __init__(self, shard_index: _Optional[int] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., pushes_applied: _Optional[int] = ..., pushes_duplicate: _Optional[int] = ..., pushes_rejected: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., pushes_dropped: _Optional[int] = ..., pushes_after_end: _Optional[int] = ..., gate_waits: _Optional[int] = ..., staleness_histogram: _Optional[_Iterable[int]] = ..., pushes_nonfinite: _Optional[int] = ..., steps_skipped: _Optional[int] = ..., calls_in_flight: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., updates_applied: _Optional[int] = ..., apply_s: _Optional[float] = ..., pulls_waiting: _Optional[int] = ..., pushes_per_s: _Optional[float] = ..., refused_unauthenticated: _Optional[int] = ..., refused_permission_denied: _Optional[int] = ..., refused_overloaded: _Optional[int] = ..., refused_bad_tensor: _Optional[int] = ..., table_rows_touched: _Optional[int] = ..., table_rows_served: _Optional[int] = ...) -> None: ...

@@ -60,7 +60,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from towerps.ps.optimizers import BLOCK_ELEMENTS, flat_blocks
-from towerps.sparse import RowSparse
+from towerps.sparse import RowSparse, rows_named
 
 
 class StepBuffer:
@@ -175,6 +175,14 @@ class StepBuffer:
             return grad
         self._zero_outside.pop(name, None)
         return grad.to_dense(out=self._sum[name])
+
+    def rows_touched(self) -> int:
+        """The distinct rows the step's row-sparse gradients named (the union
+        over its pushes, per variable; one summed dense at any push counts
+        none). Call after `mean`, before `clear`."""
+        if self._first is not None:
+            return rows_named(self._first[0])
+        return sum(len(ids) for ids in self._sparse_rows.values())
 
     @property
     def loss(self) -> float:

@@ -70,6 +70,7 @@ class ShardChunks:
                 stream.our_turn()
         finally:
             stream.done()
+        self._traffic.served(plan.rows)
 
     def _messages(self, version, params, wire_dtype, push):
         """The messages of `version`; when shared, encoded by its first pull

@@ -93,6 +93,7 @@ class ShardSegments:
         finally:
             os.close(fd)
         self._traffic.sent(sum(e.length for e in shared))
+        self._traffic.served(plan.rows)
         return shared
 
     def _checked(self, segment: str, direction: str, rank: int | None = None) -> SegmentName:

@@ -143,6 +143,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             calls_in_flight=self._guard.slots.in_flight if self._guard else 0,
             bytes_received=self.traffic.bytes_received,
             bytes_sent=self.traffic.bytes_sent,
+            table_rows_served=self.traffic.rows_served,
             **counters,
             **(self._guard.refusals.counts() if self._guard else {}),
         )

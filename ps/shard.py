@@ -89,6 +89,7 @@ from towerps.ps.modes import Mode
 from towerps.ps.optimizers import Optimizer
 from towerps.ps.split import SplitPlan, SplitPlans
 from towerps.ps.stats import LOG_CAPACITY, RateMeter, ShardStats, StepLog, StepRecord
+from towerps.sparse import rows_named
 from towerps.wire import TensorSpec, spec_of
 
 T = TypeVar("T")
@@ -246,7 +247,7 @@ class Shard:
             staleness = self._version - step
             self._count_applied()
             self._apply(grads, loss, num_examples, staleness, 1, self.mode.lr_scale(staleness),
-                        f"the push of worker {worker_rank} for step {step}")
+                        f"the push of worker {worker_rank} for step {step}", rows_named(grads))
             return PushResult(PushOutcome.APPLIED, self._version, staleness)
 
     def skip(self, worker_rank: int, step: int) -> PushResult:
@@ -330,8 +331,9 @@ class Shard:
             return PushResult(PushOutcome.APPLIED, self._version)
         mean, loss, examples, count = buffer.mean(), buffer.loss, buffer.num_examples, len(buffer)
         source = f"step {self._version} (the pushes of workers {sorted(buffer.contributors)})"
+        rows = buffer.rows_touched()
         buffer.clear()  # before _apply: a checkpoint taken there holds no step in progress
-        self._apply(mean, loss, examples, 0, count, 1.0, source)
+        self._apply(mean, loss, examples, 0, count, 1.0, source, rows)
         return PushResult(PushOutcome.APPLIED, self._version)
 
     def _gather(self, worker_rank, step, grads, num_examples, loss) -> PushResult:
@@ -349,11 +351,12 @@ class Shard:
         self._push_rate.add()
 
     def _apply(self, pushed, loss, num_examples, staleness, num_pushes, lr_scale,
-               source: str) -> None:
+               source: str, rows_touched: int = 0) -> None:
         """One optimizer update and the new state; version + 1; wake pulls and gates.
 
         `pushed` holds a gradient per variable and a value per state entry;
-        `source` names the push or step it comes from. An update the
+        `source` names the push or step it comes from; `rows_touched`: the
+        table rows its row-sparse gradients named (counted). An update the
         optimizer refuses (NotFinite) changes nothing: see `_refuse_update`.
         Caller holds the lock.
         """
@@ -371,6 +374,7 @@ class Shard:
             value[...] = pushed[name]
         self._stats.apply_s += time.perf_counter() - t0
         self._stats.updates_applied += 1
+        self._stats.table_rows_touched += rows_touched
         self._version += 1
         self._snapshot = None
         histogram = self._stats.staleness_histogram

@@ -5,6 +5,7 @@
     log.since(seen)                       # the records after `seen`: O(new records)
     rate = RateMeter(); rate.add(); rate.per_s()      # pushes applied per second
     traffic = Traffic(); traffic.received(len(message)); traffic.sent(len(message))
+    traffic.served({"0000/embeddings:0%2": ids})   # a pull of some rows of a table
 
 The driver reads shard 0's update log about four times a second for the
 progress bar and metrics.jsonl, and every shard's counters about once a
@@ -21,8 +22,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
 
 LOG_CAPACITY = 16384  # update records a shard keeps: ~2.5 MB, minutes of training
 COUNTERS_ONLY = 2**62  # a StatusRequest.since_version no run reaches: no update records
@@ -53,6 +56,9 @@ class ShardStats:
     apply_s: float = 0.0  # seconds spent in them (optimizer and state), in total
     pulls_waiting: int = 0  # pulls blocked now until their version exists
     pushes_per_s: float = 0.0  # pushes applied per second, over the last RateMeter window
+    # Over the updates applied, the distinct table rows each one's gradient named
+    # (its row-sparse entries; a table pushed dense names none).
+    table_rows_touched: int = 0
     staleness_histogram: list[int] = field(default_factory=list)  # [s] = applied pushes
     steps: list[StepRecord] = field(default_factory=list)  # a read's new update records
 
@@ -123,12 +129,14 @@ class RateMeter:
 
 class Traffic:
     """Bytes a shard's server received (Push messages) and sent (Pull
-    messages). Thread-safe: every gRPC thread adds to it."""
+    messages), and the table rows it sent to pulls that asked for some rows.
+    Thread-safe: every gRPC thread adds to it."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.rows_served = 0
 
     def received(self, num_bytes: int) -> None:
         with self._lock:
@@ -137,3 +145,9 @@ class Traffic:
     def sent(self, num_bytes: int) -> None:
         with self._lock:
             self.bytes_sent += num_bytes
+
+    def served(self, rows: Mapping[str, np.ndarray]) -> None:
+        """A pull's rows asked for ({table: ids}), once they are answered."""
+        num_rows = sum(len(ids) for ids in rows.values())
+        with self._lock:
+            self.rows_served += num_rows

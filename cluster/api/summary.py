@@ -218,6 +218,12 @@ class RunSummary(Mapping):
     # rank]}], each from version V on (the even split at 0, then --batch-split
     # measured's plans; a node's loss starts again from its even split).
     batch_split: list[dict] = field(default_factory=list)
+    # Embedding tables, over the whole run (cluster/observe/tables.py); None without
+    # tables: the table rows the updates touched, per update, all shards together, and
+    # the busiest shard's share of them and of the bytes sent to pulls (1/num_ps: balance).
+    table_rows_touched_per_step: float | None = None
+    hottest_shard_share: float | None = None
+    hottest_shard_bytes_share: float | None = None
 
     @classmethod
     def of_job(cls, config, run_dir: str, /, **figures) -> RunSummary:

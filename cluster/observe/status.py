@@ -12,6 +12,8 @@ cluster: the head node, where the driver writes it). Two sources:
            with TLS, its client certificate: version, pushes applied per second,
            late (dropped) and refused pushes, the bytes each holds, MB/s of
            pushes in and pulls out, ms per optimizer update, pulls waiting;
+           with embedding tables, the rows each shard's updates touch per
+           step, the rows and MB it served, and the hottest shard's share;
   workers  workers.json, which the driver rewrites about every second with
            each worker's figures (cluster/observe/observers.py): step, examples/s,
            device, where its steps' time goes, alive or not. A file the
@@ -46,6 +48,7 @@ import grpc
 
 from towerps.auth import Credentials, bearer
 from towerps.cluster.observe.observers import WORKERS_FILE
+from towerps.cluster.observe.tables import TableLoad
 from towerps.cluster.run.security import read_cluster_json
 from towerps.proto import towerps_pb2 as pb
 from towerps.proto import towerps_pb2_grpc as pb_grpc
@@ -80,13 +83,17 @@ class ShardState:
     refused_permission_denied: int = 0
     refused_overloaded: int = 0
     refused_bad_tensor: int = 0
+    # Embedding tables: rows the updates touched, rows sent to pulls of some rows.
+    table_rows_touched: int = 0
+    table_rows_served: int = 0
 
     def read(self, reply) -> None:
         """Take the figures of `reply` (a StatusReply); the shard is up."""
         self.up = True
         for name in ("version", "pushes_applied", "pushes_dropped", "pushes_rejected",
                      "parameter_bytes", "pushes_per_s", "bytes_received", "bytes_sent",
-                     "updates_applied", "apply_s", "pulls_waiting", *REFUSALS):
+                     "updates_applied", "apply_s", "pulls_waiting", "table_rows_touched",
+                     "table_rows_served", *REFUSALS):
             setattr(self, name, getattr(reply, name))
 
 
@@ -145,6 +152,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     ended = f"  (ended: worker {', '.join(map(str, died))} died)" if died else "  (finished)"
     lines = [f"run {printable(run_dir)}" + (ended if finished else "")]
     lines += _shard_rows(shards, {s.index: s for s in before or []})
+    lines += _table_rows(shards, before)
     lines += _refusal_rows(shards)
     healthy = all(s.up for s in shards) or finished
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"
@@ -193,6 +201,29 @@ def _shard_rows(shards: list[ShardState], before: dict[int, ShardState]) -> list
                     f"{s.pushes_applied:>9}{s.pushes_dropped:>8}{s.pushes_rejected:>8}"
                     f"{s.parameter_bytes / 1e6:>7.1f}{received:>9}{sent:>9}{apply:>9}"
                     f"{s.pulls_waiting:>14}")
+    return rows
+
+
+def _table_rows(shards: list[ShardState], before: list[ShardState] | None) -> list[str]:
+    """With embedding tables (a shard's updates touched table rows): per shard
+    up, the rows its updates touched per update since `before` (blank with
+    no update since), the rows and MB it served to pulls in all; then the
+    hottest shard's share of the rows touched and of the MB served, since
+    `before` if updates touched rows since, else since the start
+    (cluster/observe/tables.py). None without tables."""
+    up = [s for s in shards if s.up]
+    if not any(s.table_rows_touched for s in up):
+        return []
+    recent = TableLoad.between([s for s in before or [] if s.up], up)
+    rows = [f"{'table':<6}{'rows/step':>10}{'rows served':>13}{'MB served':>11}"]
+    for s, per_step in zip(up, recent.rows_per_step):
+        rows.append(f"{s.index:<6}{'' if per_step is None else f'{per_step:.1f}':>10}"
+                    f"{s.table_rows_served:>13,}{s.bytes_sent / 1e6:>11.1f}")
+    load = recent if recent.hottest_rows is not None else TableLoad.between(None, up)
+    (rows_at, rows_share), sent = load.hottest_rows, load.hottest_bytes
+    served = f", shard {sent[0]} {sent[1]:.0%} of the MB served" if sent else ""
+    rows.append(f"hottest: shard {rows_at} {rows_share:.0%} of the table rows touched{served} "
+                f"(balance: {1 / len(up):.0%} each)")
     return rows
 
 

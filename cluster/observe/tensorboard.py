@@ -6,6 +6,10 @@ The x axis of every plot is the shards' version (the training step). Written:
 
     train/loss, train/examples_per_s       every metrics.jsonl record
     wire/bytes_per_step                    the bytes one step moves (pulls and pushes)
+    tables/rows_touched_per_step,          with embedding tables, since the previous
+    tables/hottest_shard_share,            record: the rows a step's update touched and
+    tables/hottest_shard_bytes_share       the busiest shard's share of them and of the
+                                           bytes sent to pulls (cluster/observe/tables.py)
     staleness/mean, staleness/max,         of the updates since the previous record
     staleness (histogram)
     pushes/dropped                         late pushes shard 0 dropped so far
@@ -33,6 +37,11 @@ import tensorflow as tf
 
 from towerps.cluster.observe.observers import Observer, ShardFigures, start_of
 from towerps.private import FILE_MODE, make_private_dir
+
+# metrics.jsonl's table figures and their TensorBoard tags.
+TABLE_SCALARS = {"table_rows_touched_per_step": "tables/rows_touched_per_step",
+                 "hottest_shard_share": "tables/hottest_shard_share",
+                 "hottest_shard_bytes_share": "tables/hottest_shard_bytes_share"}
 
 
 def _narrow_event_files(log_dir: str) -> None:
@@ -62,6 +71,9 @@ class TensorBoard(Observer):
             tf.summary.scalar("staleness/mean", entry["staleness_mean"])
             tf.summary.scalar("staleness/max", entry["staleness_max"])
             tf.summary.scalar("pushes/dropped", entry["pushes_dropped"])
+            for name, tag in TABLE_SCALARS.items():
+                if entry.get(name) is not None:  # None: the model has no tables
+                    tf.summary.scalar(tag, entry[name])
             histogram = entry["staleness_histogram"]
             if sum(histogram):
                 values = np.repeat(np.arange(len(histogram)), histogram).astype(np.float64)

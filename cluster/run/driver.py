@@ -60,6 +60,7 @@ from towerps.cluster.run.job import Job, Payload, Trained
 from towerps.cluster.observe.logs import import_tensorflow, quiet_ray_data
 from towerps.cluster.observe.metrics import RayMetrics
 from towerps.cluster.observe.observers import Observers, WorkersFile
+from towerps.cluster.observe.tables import TableLoad
 from towerps.cluster.run.reservation import fit_to_cluster
 from towerps.cluster.run.session import ray_session
 from towerps.cluster.run.startup import StartupClock
@@ -526,4 +527,5 @@ def summarize(config: TrainConfig, prepared: Prepared, job: Job, trained: Traine
         stop_signal=stop.signal_name,
         recoveries=job.supervisor.history if job.supervisor else [],
         startup_phases_s=startup_phases_s or {},
+        **TableLoad.between(None, counters).fields(),
     )

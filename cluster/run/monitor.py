@@ -51,7 +51,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from towerps.cluster.observe.evals import Snapshot, Snapshots
-from towerps.cluster.observe.observers import Observer
+from towerps.cluster.observe.observers import Observer, Observers
+from towerps.cluster.observe.per_record import PerRecord
 from towerps.cluster.recovery.history import Stall, recovery_line
 from towerps.cluster.recovery.ledger import Counting, Ledger, examples_at
 from towerps.cluster.recovery.policy import (RECOVERING, Action, Decision, Event,
@@ -118,6 +119,11 @@ class _Watch:
         self.client = client  # to where the shards are now
         self.opened: list = []  # clients made after recoveries, closed at the end
         self.ledger = Ledger(_counting(job.config, client, job.resume_version or 0, t_train))
+        # Each metrics record's wire bytes and tables' load, counted since the one before.
+        counting = self.ledger.counting
+        self.per_record = PerRecord(counting.wire_bytes_per_step, counting.updates_per_step,
+                                    counting.start)
+        self.observer = Observers([self.per_record, observer])
         self.figures = _WorkerPoll(job.workers)
         self.planner = _planner(job)  # None: the batch splits as it does
         eval_points = job.config.eval_points
@@ -205,6 +211,8 @@ class _Watch:
             if self.planner is not None:  # new figures; after a node's loss, new rows
                 self.planner.planned(0, self.job.split.plans[-1].rows)
             return True
+        if action is Action.FINISH:  # the workers' final figures count in the last records
+            self.per_record.workers(self.ledger.seen, self.runs.reports())
         self._count(status.replies)
         if action is Action.FINISH:
             return False
@@ -275,6 +283,7 @@ class _Watch:
         """A metrics record (None: none due) to metrics.jsonl, the observers and the bar."""
         if entry is None:
             return
+        entry.update(self.per_record.take(self.replies))
         self.metrics.write(json.dumps(entry) + "\n")
         self.metrics.flush()  # on disk at once: a killed driver's --resume keeps it
         self.observer.record(entry)
@@ -376,9 +385,11 @@ def _planner(job) -> SplitPlanner | None:
 
 
 def _counting(config, client, start: int, t_train: float) -> Counting:
-    """What the ledger counts by: the config's figures, and the bytes on the wire."""
+    """What the ledger counts by: the config's figures, and the bytes on the wire
+    as the parameter count says, which metrics records carry until a worker
+    reports the bytes it moved (PerRecord counts them)."""
     per_step = config.mode.updates_per_step(config.num_workers)
-    # Every worker pulls and pushes every parameter once per step.
+    # Every worker pulls and pushes every parameter once per step (dense).
     parameters = sum(s.nbytes for s in client.plan.slices) // 4
     wire_bytes_per_step = 2 * config.num_workers * parameters * client.wire_dtype.itemsize
     return Counting(start, config.batch_size, per_step, config.log_every * per_step,

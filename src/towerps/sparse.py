@@ -8,6 +8,7 @@
     part = grad.rows_between(k, n, 4)       # rows k, k+4, ...: ids (id - k) // 4
     flat, sparse = to_wire(tensors, 2)      # what a push carries (2: bytes per float)
     grads = from_wire(flat, sparse)         # ... and what a shard makes of it again
+    rows_named(grads)                       # rows its RowSparse entries name, in all
 
 An Embedding's gradient in TensorFlow is an IndexedSlices: the looked-up
 rows' gradients, one per lookup, repeats included. A tower sums the
@@ -90,6 +91,12 @@ class RowSparse:
     def scaled(self, factor) -> RowSparse:
         """A new RowSparse of rows * factor (clipping), same ids."""
         return RowSparse(self.ids, self.rows * factor, self.num_rows)
+
+
+def rows_named(tensors: Mapping[str, object]) -> int:
+    """The rows that the RowSparse entries of `tensors` name, all variables
+    together (a dense tensor names none): what a step's table update touched."""
+    return sum(len(t.ids) for t in tensors.values() if isinstance(t, RowSparse))
 
 
 def values_of(grad):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import towerps
-from tests.models.own import embedding, embedding_data
+from tests.models.own import EMBEDDING_IDS, embedding, embedding_data
 from towerps.auth import read_token_file
 from towerps.cluster.api.cli import main
 from towerps.ps.checkpoint import CheckpointStore, checkpoint_key
@@ -81,6 +81,15 @@ def test_two_workers_train_an_embedding_to_the_one_process_weights(ray_cluster, 
     # whole model a step).
     model_bytes = sum(w.nbytes for w in start.values())
     assert result.summary.wire_bytes_per_step < model_bytes
+    metrics = [json.loads(line)
+               for line in (tmp_path / "w2" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all(m["wire_bytes_per_step"] < model_bytes for m in metrics)
+    # The tables' load: a step touches at most the rows its batch looks up, and
+    # the busiest of the 2 shards has between half and all of the rows and bytes.
+    for figures in [result.summary, *metrics]:
+        assert 0 < figures["table_rows_touched_per_step"] <= BATCH * EMBEDDING_IDS
+        assert 0.5 <= figures["hottest_shard_share"] <= 1.0
+        assert 0.5 <= figures["hottest_shard_bytes_share"] <= 1.0
 
 
 # tests/models/own.py's wide_embedding_adam through the CLI, checkpointed every 2 steps.

@@ -131,7 +131,10 @@ def test_bfloat16_on_the_wire_still_converges_on_fashion_mnist(ray_cluster, tmp_
     # Half of float32's bytes: 2 workers x (pull + push) x 235,146 parameters x 2 bytes.
     assert summary.wire_bytes_per_step == 2 * 2 * 235_146 * 2
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert {m["wire_bytes_per_step"] for m in metrics} == {summary.wire_bytes_per_step}
+    # Each record counts the workers' bytes since the record before, from their
+    # reports, which may catch a step between its pull and its push: near the run's.
+    assert metrics and all(m["wire_bytes_per_step"] == pytest.approx(
+        summary.wire_bytes_per_step, rel=0.05) for m in metrics)
 
 
 def test_a_slow_worker_slows_nobody_s_result(ray_cluster, shared_runs, tmp_path):

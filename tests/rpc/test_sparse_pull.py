@@ -1,8 +1,8 @@
 """Row pulls at a live shard, through both carriers (chunks in the call,
 same-node segments), by Pull and by PushPull: the rows asked for are the
-dense pull's rows, bit for bit; hostile ids are refused with
-INVALID_ARGUMENT and change nothing. Raw gRPC calls, as an attacker would
-make them.
+dense pull's rows, bit for bit (and Status counts them as served); hostile
+ids are refused with INVALID_ARGUMENT and change nothing. Raw gRPC calls,
+as an attacker would make them.
 
     .venv/bin/python -m pytest tests/rpc/test_sparse_pull.py
 """
@@ -98,6 +98,12 @@ class Live:
             pulled = self.pair.read_pull(answer.shared)
         return answer.push.outcome, answer.version, pulled
 
+    def status(self):
+        call = self.channel.unary_unary(SERVICE + "Status",
+                                        request_serializer=pb.StatusRequest.SerializeToString,
+                                        response_deserializer=pb.StatusReply.FromString)
+        return call(pb.StatusRequest(since_version=2**62), timeout=10)
+
     def state(self):
         exported = self.shard.export_state()
         return (exported.version, {n: a.tobytes() for n, a in exported.params.items()},
@@ -137,6 +143,8 @@ def test_a_pull_of_rows_brings_those_rows_of_the_dense_pull(live, carrier, wire_
     assert rows["table"].tobytes() == dense["table"][IDS].tobytes()
     assert rows["moving"].tobytes() == dense["moving"][IDS[1:3]].tobytes()
     assert rows["bias"].tobytes() == dense["bias"].tobytes()
+    # Only the pull of some rows counts rows served: 5 of the table, 2 of `moving`.
+    assert shard.status().table_rows_served == len(IDS) + 2
 
 
 @pytest.mark.parametrize("carrier", CARRIERS)

@@ -1,4 +1,5 @@
-"""A shard's figures: the bounded update log, the push rate, pulls waiting, apply time."""
+"""A shard's figures: the bounded update log, the push rate, pulls waiting, apply time,
+the table rows its updates touched and its pulls served."""
 
 import threading
 
@@ -6,9 +7,11 @@ import numpy as np
 import pytest
 
 from tests.polling import wait_until
+from towerps.ps.modes import Mode
 from towerps.ps.optimizers import make_optimizer
 from towerps.ps.shard import Shard
-from towerps.ps.stats import RateMeter, StepLog, StepRecord
+from towerps.ps.stats import RateMeter, StepLog, StepRecord, Traffic
+from towerps.sparse import RowSparse
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +80,51 @@ def test_a_pull_waiting_for_its_version_is_counted_until_it_returns():
     shard.push(0, 0, {"w": np.ones(2, np.float32)}, num_examples=1)
     assert pulled.wait(timeout=30.0)
     assert shard.stats()[1].pulls_waiting == 0
+
+
+def table_shard(num_workers, mode="sync"):
+    """A shard of a 10-row table and a dense bias."""
+    return Shard(0, {"table": np.zeros((10, 2), np.float32), "b": np.zeros(2, np.float32)},
+                 make_optimizer("sgd", 0.1), num_workers, mode=Mode(mode))
+
+
+def table_grad(ids):
+    ids = np.asarray(ids, np.int64)
+    return {"table": RowSparse(ids, np.ones((len(ids), 2), np.float32), 10),
+            "b": np.ones(2, np.float32)}
+
+
+def test_a_sync_step_counts_the_union_of_its_pushes_rows_once():
+    shard = table_shard(num_workers=2)
+    shard.push(0, 0, table_grad([1, 3, 5]), num_examples=2)
+    assert shard.stats()[1].table_rows_touched == 0  # counted when the step is applied
+    shard.push(1, 0, table_grad([3, 5, 7, 9]), num_examples=2)
+    assert shard.stats()[1].table_rows_touched == 5  # {1, 3, 5, 7, 9}
+    shard.push(0, 1, table_grad([2]), num_examples=2)
+    shard.push(1, 1, table_grad([2]), num_examples=2)
+    assert shard.stats()[1].table_rows_touched == 6
+
+
+def test_a_step_of_one_push_or_an_async_push_counts_its_rows():
+    one = table_shard(num_workers=1)
+    one.push(0, 0, table_grad([0, 4]), num_examples=2)
+    assert one.stats()[1].table_rows_touched == 2
+    free = table_shard(num_workers=2, mode="async")
+    free.push(0, 0, table_grad([0, 4]), num_examples=2)
+    free.push(1, 0, table_grad([4, 8]), num_examples=2)  # applied alone: counted alone
+    assert free.stats()[1].table_rows_touched == 4
+
+
+def test_a_dense_gradient_names_no_rows_and_a_dropped_push_counts_nothing():
+    shard = table_shard(num_workers=1)
+    shard.push(0, 0, {"table": np.ones((10, 2), np.float32), "b": np.ones(2, np.float32)},
+               num_examples=2)
+    shard.push(0, 0, table_grad([1, 2]), num_examples=2)  # a repeat: ALREADY_APPLIED
+    assert shard.stats()[1].table_rows_touched == 0
+
+
+def test_traffic_counts_the_rows_pulls_asked_for():
+    traffic = Traffic()
+    traffic.served({"table": np.array([1, 2, 3]), "other": np.array([0])})
+    traffic.served({})  # a pull of every variable whole
+    assert traffic.rows_served == 4

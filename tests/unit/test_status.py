@@ -209,3 +209,25 @@ def test_a_run_resumed_over_its_old_summary_is_not_ended(tmp_path):
 
     ended(tmp_path, 2000.0)  # cluster.json rewritten by the resumed run, after that summary
     assert ended_run(str(tmp_path)) is None
+
+
+def test_the_table_shows_what_embedding_tables_cost_each_shard():
+    now = 1000.0
+    up = [ShardState(k, f"127.0.0.1:{k + 1}", True, updates_applied=20, at_s=now,
+                     table_rows_touched=rows, table_rows_served=served, bytes_sent=sent)
+          for k, rows, served, sent in ((0, 2600, 5000, 30_000_000), (1, 1400, 3000, 10_000_000))]
+    before = [ShardState(k, s.address, True, updates_applied=10, at_s=now - 2,
+                         table_rows_touched=1000, bytes_sent=5_000_000)
+              for k, s in enumerate(up)]
+    table, _ = render("runs/x", up, None, before, now)
+    lines = table.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("table ")))
+    # 1600 and 400 rows in 10 updates; the rows and MB served since the start
+    assert lines[at + 1].split() == ["0", "160.0", "5,000", "30.0"]
+    assert lines[at + 2].split() == ["1", "40.0", "3,000", "10.0"]
+    # since the reading before: 1600 of 2000 rows, 25 of 30 MB
+    assert lines[at + 3] == ("hottest: shard 0 80% of the table rows touched, shard 0 83% of "
+                             "the MB served (balance: 50% each)")
+    dense = [ShardState(k, s.address, True, updates_applied=20, at_s=now)
+             for k, s in enumerate(up)]
+    assert "rows/step" not in render("runs/x", dense, None, before, now)[0]

@@ -22,7 +22,8 @@ SUMMARY_KEYS = [
     "gate_waits", "evals", "placement", "placement_group", "train_started_at_s", "towers",
     "worker_time_s", "run_dir", "config", "test_metrics", "checkpoints",
     "tls", "token_file", "pushes_nonfinite", "steps_skipped", "stopped", "stop_signal",
-    "recoveries", "startup_phases_s", "batch_split",
+    "recoveries", "startup_phases_s", "batch_split", "table_rows_touched_per_step",
+    "hottest_shard_share", "hottest_shard_bytes_share",
 ]
 
 

@@ -80,3 +80,19 @@ def test_shard_figures_are_rates_between_two_replies():
     assert figures.update([later])[3] == pytest.approx(
         {"pushes_per_s": 1.5, "pulls_waiting": 0, "received_mb_per_s": 2.0,
          "sent_mb_per_s": 1.0, "apply_ms": 5.0})
+
+
+def test_a_record_s_table_figures_are_plotted_only_with_tables(tmp_path):
+    board = TensorBoard(str(tmp_path))
+    record = {"loss": 1.0, "examples_per_s": 10.0, "wire_bytes_per_step": 100,
+              "staleness_mean": 0.0, "staleness_max": 0, "pushes_dropped": 0,
+              "staleness_histogram": [0]}  # no updates counted: no histogram
+    board.record({**record, "step": 1, "table_rows_touched_per_step": None,
+                  "hottest_shard_share": None, "hottest_shard_bytes_share": None})
+    board.record({**record, "step": 2, "table_rows_touched_per_step": 120.0,
+                  "hottest_shard_share": 0.5, "hottest_shard_bytes_share": 0.75})
+    board.close()
+    series = _scalars(tmp_path)
+    assert series["tables/rows_touched_per_step"] == [(2, 120.0)]
+    assert series["tables/hottest_shard_share"] == [(2, 0.5)]
+    assert series["tables/hottest_shard_bytes_share"] == [(2, 0.75)]
