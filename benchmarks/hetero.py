@@ -56,8 +56,8 @@ def add_flags(parser) -> None:
 
 def main(argv=None) -> dict:
     args = common.parse_args("hetero", __doc__, argv, add_flags)
-    if args.tiny:
-        args.model, args.steps, args.batch_size = "mlp", 30, 48
+    if args.tiny:  # the code's paths, not its figures: 2 workers, no mid-run change
+        args.model, args.steps, args.batch_size, args.num_workers = "mlp", 30, 48, 2
 
     from towerps.cluster import TrainConfig, train
     from towerps.ps.modes import Mode
@@ -71,6 +71,8 @@ def main(argv=None) -> dict:
         "equal_with_1_backup": dict(mode=Mode("sync", backup_workers=1)),
         "measured_speed_change": dict(batch_split="measured"),
     }
+    if args.tiny:  # each run starts a job (half a minute of the suite's time)
+        del cases["measured_speed_change"]
     change_at = args.steps // 2
     faults = {name: slow for name in cases}
     faults["measured_speed_change"] = Faults(slow_worker=(slow_rank, args.slow_factor),
@@ -105,7 +107,7 @@ def main(argv=None) -> dict:
     step = {name: r["median_step_s"] for name, r in runs.items()}
     applied = {name: r["applied_examples_per_s"] for name, r in runs.items()}
     plans = runs["measured"]["batch_split"]
-    changed = runs["measured_speed_change"]["batch_split"]
+    changed = runs.get("measured_speed_change", {}).get("batch_split", [])
     after = [p for p in changed if p["version"] > change_at]
     figures = {
         "runs": runs,
@@ -120,7 +122,7 @@ def main(argv=None) -> dict:
         "final_rows": plans[-1]["rows"],
         "speed_change_at_step": change_at,
         "settle_steps_after_change": after[-1]["version"] - change_at if after else None,
-        "rows_after_change": changed[-1]["rows"],
+        "rows_after_change": changed[-1]["rows"] if changed else None,
     }
     goals = [
         common.goal("measured step / ideal step", figures["measured_vs_ideal"], 1.15,

@@ -68,11 +68,20 @@ def assert_one_process_weights(run_dir) -> None:
         np.testing.assert_allclose(trained[name], params[name], rtol=1e-4, atol=1e-5)
 
 
-def test_a_slow_worker_gets_fewer_rows_and_the_weights_keep_parity(ray_cluster, tmp_path,
-                                                                   monkeypatch):
+def test_a_slow_worker_gets_fewer_rows_and_a_replay_after_a_death_keeps_parity(
+        ray_cluster, tmp_path, monkeypatch):
+    """Worker 2 is slowed 3x, so the plans give it fewer rows; worker 1 dies
+    half-way through its push of a step after the first plan: the shards go
+    back to the checkpoint before it, its replacement takes the job's plans,
+    and the steps replayed train on the rows they had. One run for both: a
+    run of its own costs the suite a minute."""
     release = tmp_path / "planned"
-    faults = Faults(slow_worker=(2, 3.0), holds=(Hold(0, HOLD_AT, str(release)),))
-    summary = measured_run(tmp_path / "run", monkeypatch, release, faults)
+    faults = Faults(slow_worker=(2, 3.0), holds=(Hold(0, HOLD_AT, str(release)),),
+                    die_in_push=(1, HOLD_AT + 5))
+    summary = measured_run(tmp_path / "run", monkeypatch, release, faults,
+                           checkpoint_every=10)
+    (death,) = summary.recoveries
+    assert (death.role, death.index) == ("worker", 1) and death.died_at_version >= HOLD_AT + 5
 
     plans = summary.batch_split
     assert plans[0] == {"version": 0, "rows": [21, 21, 22]}  # share_rows' near-even start
@@ -89,20 +98,4 @@ def test_a_slow_worker_gets_fewer_rows_and_the_weights_keep_parity(ray_cluster, 
     saved = json.loads((tmp_path / "run" / "batch_split.json").read_text())
     assert saved["history"] == plans and saved["plans"] == plans
     # The same global batches in this process, whole: the weights agree.
-    assert_one_process_weights(tmp_path / "run")
-
-
-def test_a_worker_dying_after_a_plan_is_replaced_and_the_replay_keeps_parity(
-        ray_cluster, tmp_path, monkeypatch):
-    """Worker 1 dies half-way through its push of a step after the first plan:
-    the shards go back to the checkpoint before it, its replacement takes the
-    job's plans, and the steps replayed train on the rows they had."""
-    release = tmp_path / "planned"
-    faults = Faults(slow_worker=(2, 3.0), holds=(Hold(0, HOLD_AT, str(release)),),
-                    die_in_push=(1, HOLD_AT + 5))
-    summary = measured_run(tmp_path / "run", monkeypatch, release, faults,
-                           checkpoint_every=10)
-    (death,) = summary.recoveries
-    assert (death.role, death.index) == ("worker", 1) and death.died_at_version >= HOLD_AT + 5
-    assert len(summary.batch_split) >= 2 and summary.examples == STEPS * BATCH
     assert_one_process_weights(tmp_path / "run")

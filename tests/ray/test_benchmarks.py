@@ -152,12 +152,13 @@ def test_stragglers(tmp_path):
 
 def test_hetero(tmp_path):
     figures = run_bench("hetero", tmp_path)["figures"]
-    assert set(figures["runs"]) == {"equal", "measured", "equal_with_1_backup",
-                                    "measured_speed_change"}
+    # --tiny: 2 workers, without the mid-run speed change (its own run).
+    assert set(figures["runs"]) == {"equal", "measured", "equal_with_1_backup"}
     for run in figures["runs"].values():
         assert run["median_step_s"] > 0 and sum(run["batch_split"][-1]["rows"]) == 48
     assert figures["ideal_step_s"] > 0 and figures["measured_vs_backup_examples"] > 0
-    assert figures["runs"]["equal"]["batch_split"] == [{"version": 0, "rows": [16, 16, 16]}]
+    assert figures["runs"]["equal"]["batch_split"] == [{"version": 0, "rows": [24, 24]}]
+    assert figures["settle_steps_after_change"] is None
 
 
 def test_same_node(tmp_path):

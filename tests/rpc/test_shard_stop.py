@@ -15,6 +15,8 @@ import pytest
 from towerps.cluster.run.actors import ShardActor
 from towerps.ps import Shard, create_server, make_optimizer
 
+from tests.polling import wait_until
+
 pytestmark = pytest.mark.rpc
 
 
@@ -34,6 +36,11 @@ def test_stop_ends_the_server_and_frees_it_before_the_process_ends():
     assert alive() is not None and shard_alive() is not None and not refuses(port)
 
     actor.stop()
-    assert alive() is None and shard_alive() is None  # deleted inside stop, not at exit
+    assert alive() is None  # the server deleted inside stop, not at exit
+    # The shard too, once gRPC's serving thread, which holds the handlers
+    # (and through them the shard) in its frame, has returned: stop's wait
+    # ends when that thread signals shutdown, a moment before it returns.
+    wait_until(lambda: gc.collect() is not None and shard_alive() is None, timeout_s=10,
+               what="the shard freed after stop")
     assert refuses(port)
     actor.stop()  # idempotent
