@@ -487,7 +487,8 @@ class Job:
     def apply_split(self, rows) -> SplitPlan | None:
         """Make `rows` (by rank) each worker's share of every global batch from
         a version a little ahead of the shards; returns the plan, or None when
-        the shards outran every version tried (the next call tries again).
+        the shards outran every version tried (the next call tries again) or
+        that version is past the run's last step.
 
         Two phases, so that no worker and no shard disagree on a step's rows:
         every shard takes the plan and holds the pulls of its version; every
@@ -499,6 +500,8 @@ class Job:
         live = [r for r in range(len(self.workers)) if r not in self.placements.lost_ranks()]
         for _ in range(SPLIT_ATTEMPTS):
             ahead = max(get([s.ping.remote() for s in self.shards])) + SPLIT_AHEAD
+            if ahead >= self.config.end_version:  # no step is left to train on it
+                return None
             plan = SplitPlan(ahead, tuple(rows))
             try:
                 get([s.plan_split.remote(plan) for s in self.shards])
