@@ -252,6 +252,14 @@ def read_metrics(run_dir: str, batch_size: int) -> list[dict]:
     return records
 
 
+
+def median_step_s(run_dir: str, batch_size: int, warm_up_fraction: float) -> float:
+    """Median seconds per step from a run's metrics.jsonl (logged every step),
+    leaving out its first `warm_up_fraction` of steps."""
+    records = read_metrics(run_dir, batch_size)
+    times = [b["wall_s"] - a["wall_s"] for a, b in zip(records, records[1:])]
+    return median(times[int(len(times) * warm_up_fraction):])
+
 def _cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:

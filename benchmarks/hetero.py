@@ -38,14 +38,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import _common as common  # noqa: E402
 
 
-def median_step_s(run_dir: str, batch_size: int) -> float:
-    """Median seconds per step from metrics.jsonl (a record per step), over
-    the last half: the warm-up and the split's settling left out."""
-    records = common.read_metrics(run_dir, batch_size)
-    times = [b["wall_s"] - a["wall_s"] for a, b in zip(records, records[1:])]
-    return common.median(times[len(times) // 2:])
-
-
 def add_flags(parser) -> None:
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--num-workers", type=int, default=3)
@@ -91,7 +83,8 @@ def main(argv=None) -> dict:
                 summary = summaries[name] = train(config, progress=False)
             records = common.read_metrics(config.run_dir, args.batch_size)
             runs[name] = {
-                "median_step_s": median_step_s(config.run_dir, args.batch_size),
+                # The last half: the warm-up and the split's settling left out.
+                "median_step_s": common.median_step_s(config.run_dir, args.batch_size, 1 / 2),
                 "applied_examples_per_s": common.rate_between(records, args.steps // 2),
                 "examples_per_s": summary.examples_per_s,
                 "pushes_dropped_per_shard": summary.pushes_dropped,

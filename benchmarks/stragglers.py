@@ -25,14 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import _common as common  # noqa: E402
 
 
-def median_step_s(run_dir: str, batch_size: int) -> float:
-    """Median seconds per step from metrics.jsonl (logged every step here),
-    leaving out the first fifth: the warm-up."""
-    records = common.read_metrics(run_dir, batch_size)
-    times = [b["wall_s"] - a["wall_s"] for a, b in zip(records, records[1:])]
-    return common.median(times[len(times) // 5:])
-
-
 def add_flags(parser) -> None:
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--num-workers", type=int, default=3)
@@ -67,7 +59,7 @@ def main(argv=None) -> dict:
             with injected(faults):
                 summary = train(config, progress=False)
             runs[name] = {
-                "median_step_s": median_step_s(config.run_dir, args.batch_size),
+                "median_step_s": common.median_step_s(config.run_dir, args.batch_size, 1 / 5),
                 "examples_per_s": summary.examples_per_s,
                 "pushes_dropped_per_shard": summary.pushes_dropped,
             }
