@@ -67,15 +67,20 @@ def test_transport(tmp_path):
                                            for times in size["raw_times_s"].values()), name
         for key in ("grpc_push_mb_per_s", "grpc_pull_mb_per_s", "bare_push_mb_per_s",
                     "bare_pull_mb_per_s", "fresh_push_mb_per_s", "fresh_pull_mb_per_s",
-                    "tcp_send_mb_per_s", "tcp_recv_mb_per_s"):
+                    "tcp_send_mb_per_s", "tcp_recv_mb_per_s", "local_job_push_mb_per_s",
+                    "local_job_pull_mb_per_s", "local_job_push_pull_mb_per_s"):
             assert size[key] > 0
         assert size["push_vs_bare"] > 0 and size["pull_vs_fresh"] > 0
+        # A local job's path (Unix socket + segments) against the same calls on loopback TCP.
+        assert size["local_job_push_pull_vs_tcp_loopback"] > 0
         # The shard holds the parameters (and the step's buffer): its peak is above them.
         assert size["shard_hwm_bytes"] > size["parameter_bytes"]
         assert size["client_hwm_bytes"] >= size["client_rss_before_bytes"]
     tls = per_size["1MB"]["tls_vs_plain"]  # --tiny measures 1 MB with TLS too
     assert tls["push"] > 0 and tls["pull"] > 0
     assert "tls" not in per_size["4MB"]
+    assert "local_job_push_s" not in per_size["1MB"]["tls"]["raw_times_s"]  # plaintext only
+    assert result["figures"]["worst_local_job_over_tcp_loopback"] > 0
 
 
 def test_fuzz(tmp_path):
