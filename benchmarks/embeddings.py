@@ -249,12 +249,18 @@ def towerps_dlrm(args, rows: int, data, run_dir: str) -> dict:
     if result is None:
         return figures
     summary = result.summary
-    rate = common.rate_between(common.read_metrics(run_dir, args.batch_size), args.warmup_steps)
+    records = common.read_metrics(run_dir, args.batch_size)
+    rate = common.rate_between(records, args.warmup_steps)
+    # Each record (one a step) counts the bytes since the one before: after the warm-up,
+    # what a step moves once every worker holds its tables (the first pull is whole).
+    steady = [r["wire_bytes_per_step"] for r in records
+              if r["step"] > args.warmup_steps and r.get("wire_bytes_per_step") is not None]
     with open(os.path.join(run_dir, "workers.json")) as f:
         workers = json.load(f)["workers"]
     figures.update(
         status="ran", steps=summary.steps, steps_per_s=rate and rate / args.batch_size,
         wire_bytes_per_step=summary.wire_bytes_per_step,
+        steady_wire_bytes_per_step=common.median(steady),
         workers_json_bytes_per_step=sum(w["bytes_sent"] + w["bytes_received"] for w in workers)
         / max(1, max(w["steps"] for w in workers)),
         num_parameters=summary.num_parameters, shard_bytes=summary.shard_bytes,
@@ -409,7 +415,11 @@ def main(argv=None) -> dict:
                              None if run.get("rmse_relative_to_keras") is None
                              else abs(run["rmse_relative_to_keras"]), 0.01,
                              higher_is_better=False)
-                 for model, run in figures["movielens_towerps"].items()]],
+                 for model, run in figures["movielens_towerps"].items()],
+               *[common.goal(f"DLRM {int(rows):,} rows/table: wire bytes of a step after the "
+                             "warm-up over what its touched rows need", steady_over_touched(entry),
+                             1.1, higher_is_better=False)
+                 for rows, entry in figures["dlrm"].items()]],
         inputs={"rows_per_table": rows_list, "systems": systems, "batch_size": args.batch_size,
                 "steps": args.steps, "warmup_steps": args.warmup_steps,
                 "num_examples": args.num_examples, "num_workers": NUM_WORKERS, "num_ps": NUM_PS,
@@ -429,6 +439,13 @@ def main(argv=None) -> dict:
                "touched: random global batches of the synthetic data split in two; a sparse "
                "path's bytes are 2 x the rows each worker touches x (dim x 4 + 8) plus the "
                "dense layers both ways for each worker."])
+
+
+def steady_over_touched(entry: dict) -> float | None:
+    """A DLRM entry's wire bytes per step after the warm-up (metrics.jsonl's
+    median) over what the rows its steps touch need; None when it did not run."""
+    steady = (entry.get("towerps") or {}).get("steady_wire_bytes_per_step")
+    return steady and steady / entry["touched"]["sparse_wire_bytes_per_step"]
 
 
 def summarize(figures: dict) -> str:
@@ -464,7 +481,11 @@ def summarize(figures: dict) -> str:
             else:
                 said.append(f"{system} {run['steps_per_s']:,.1f} steps/s")
                 if "wire_bytes_per_step" in run:
-                    said.append(f"{run['wire_bytes_per_step'] / 1e6:,.2f} MB/step on the wire")
+                    said.append(f"{run['wire_bytes_per_step'] / 1e6:,.2f} MB/step on the wire "
+                                "over the run")
+                if run.get("steady_wire_bytes_per_step"):
+                    said.append(f"{run['steady_wire_bytes_per_step'] / 1e6:,.2f} MB/step after "
+                                f"the warm-up ({steady_over_touched(entry):.2f}x the touched rows')")
         said.append(f"touched rows would need {entry['touched']['sparse_wire_bytes_per_step'] / 1e6:,.2f}"
                     f" MB/step (dense {entry['touched']['dense_wire_bytes_per_step'] / 1e6:,.1f})")
         parts.append(", ".join(said))

@@ -242,6 +242,11 @@ def test_embeddings(tmp_path):
     wire = run["wire_bytes_per_step"]
     assert touched["sparse_wire_bytes_per_step"] < wire < touched["dense_wire_bytes_per_step"]
     assert run["workers_json_bytes_per_step"] == wire
+    # After the warm-up (metrics.jsonl, a record a step): without the first, whole, pull.
+    assert 0 < run["steady_wire_bytes_per_step"] <= wire
+    (bytes_goal,) = [g for g in result["goals"] if g["description"].startswith("DLRM 1,000 rows")]
+    assert bytes_goal["value"] == pytest.approx(
+        run["steady_wire_bytes_per_step"] / touched["sparse_wire_bytes_per_step"])
     # The same MF through towerps with lazy Adam tables, against the one process.
     lazy = figures["movielens_towerps"]["mf"]
     assert lazy["status"] == "ran", lazy.get("error")
