@@ -317,49 +317,21 @@ def run_client(args) -> None:
         cpu[f"{op}_client_cpu_s"].append(time.process_time() - c0)
         cpu[f"{op}_shard_cpu_s"].append(common.cpu_seconds(args.shard_pid) - s0)
 
-    def grpc_push():
-        outcome = client.push(0, 0, grads, num_examples=1, loss=0.0)
-        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
+    def client_calls(label, of):
+        """{label_push, label_pull, label_push_pull}: PSClient `of`'s timed calls."""
+        def push():
+            outcome = of.push(0, 0, grads, num_examples=1, loss=0.0)
+            assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
 
-    def shm_push():
-        outcome = shm_client.push(0, 0, grads, num_examples=1, loss=0.0)
-        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
+        def pull():
+            _, pulled = of.pull(min_version=1, timeout_s=300.0)
+            assert sum(p.nbytes for p in pulled.values()) == nbytes
 
-    def shm_pull():
-        _, pulled = shm_client.pull(min_version=1, timeout_s=300.0)
-        assert sum(p.nbytes for p in pulled.values()) == nbytes
+        def push_pull():  # the repeated push is answered with version 1 all the same
+            _, version, pulled = of.push_pull(0, 0, grads, 1, 0.0, 300.0)
+            assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
 
-    def grpc_push_pull():  # the repeated push is answered with version 1 all the same
-        _, version, pulled = client.push_pull(0, 0, grads, 1, 0.0, 300.0)
-        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
-
-    def shm_push_pull():
-        _, version, pulled = shm_client.push_pull(0, 0, grads, 1, 0.0, 300.0)
-        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
-
-    def unix_push():
-        outcome = unix_client.push(0, 0, grads, num_examples=1, loss=0.0)
-        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
-
-    def unix_pull():
-        _, pulled = unix_client.pull(min_version=1, timeout_s=300.0)
-        assert sum(p.nbytes for p in pulled.values()) == nbytes
-
-    def unix_push_pull():
-        _, version, pulled = unix_client.push_pull(0, 0, grads, 1, 0.0, 300.0)
-        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
-
-    def local_job_push():
-        outcome = local_client.push(0, 0, grads, num_examples=1, loss=0.0)
-        assert outcome == [PushOutcome.ALREADY_APPLIED], outcome
-
-    def local_job_pull():
-        _, pulled = local_client.pull(min_version=1, timeout_s=300.0)
-        assert sum(p.nbytes for p in pulled.values()) == nbytes
-
-    def local_job_push_pull():
-        _, version, pulled = local_client.push_pull(0, 0, grads, 1, 0.0, 300.0)
-        assert version == 1 and sum(p.nbytes for p in pulled.values()) == nbytes
+        return {f"{label}_push": push, f"{label}_pull": pull, f"{label}_push_pull": push_pull}
 
     def tcp_send():
         tcp.sendall(_HEADER.pack(b"P", nbytes))
@@ -390,14 +362,12 @@ def run_client(args) -> None:
         tcp.sendall(_HEADER.pack(b"G", nbytes))
         _recv_into(tcp, memoryview(recv_buf))
 
-    fns = {"grpc_push": grpc_push, "bare_push": bare_send, "tcp_send": tcp_send,
-           "grpc_pull": grpc_pull, "bare_pull": bare_recv, "tcp_recv": tcp_recv,
+    fns = {"bare_push": bare_send, "tcp_send": tcp_send,
+           "bare_pull": bare_recv, "tcp_recv": tcp_recv,
            "fresh_push": fresh_send, "fresh_pull": lambda: bare_recv(fresh_pull),
-           "shm_push": shm_push, "shm_pull": shm_pull,
-           "grpc_push_pull": grpc_push_pull, "shm_push_pull": shm_push_pull,
-           "unix_push": unix_push, "unix_pull": unix_pull, "unix_push_pull": unix_push_pull,
-           "local_job_push": local_job_push, "local_job_pull": local_job_pull,
-           "local_job_push_pull": local_job_push_pull}
+           **client_calls("grpc", client), **client_calls("shm", shm_client),
+           **client_calls("unix", unix_client),
+           **(client_calls("local_job", local_client) if local_client else {})}
     for i in range(args.rep_count):
         # Every other round in reverse: no operation always follows the same one, so
         # what one leaves behind (warm caches, a busy peer) favours none.
