@@ -31,8 +31,9 @@ Each round runs the real command line in a fresh process, as a user does:
              command and every process below it (Ray's daemons, the shards,
              the workers) had used by the first step, from /proc sampled
              every SAMPLE_S (a process that ended meanwhile is not counted).
-             On a busy shared machine it moves far less than the seconds do:
-             the start-up is mostly CPU-bound on 2 cores.
+             On a busy shared machine it moves less than the seconds do
+             (contention inflates it too); the start-up is mostly CPU-bound
+             on 2 cores.
 
 Figures are medians over rounds, each round noting the 1-minute load
 average before it. The machine is shared: compare a before and an after
