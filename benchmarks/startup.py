@@ -27,6 +27,13 @@ Each round runs the real command line in a fresh process, as a user does:
              first_step (the shards given their variables, the workers
              started), each counted where nothing else ended
              (cluster/run/startup.py). A revision before the split has none.
+             Also `cpu_to_first_step_s`: CPU seconds (user + system) that the
+             command and every process below it (Ray's daemons, the shards,
+             the workers) had used by the first step, from /proc sampled
+             every SAMPLE_S (a process that ended meanwhile is not counted).
+             On a busy shared machine it moves less than the seconds do
+             (contention inflates it too); the start-up is mostly CPU-bound
+             on 2 cores.
 
 Figures are medians over rounds, each round noting the 1-minute load
 average before it. The machine is shared: compare a before and an after
@@ -53,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import _common as common  # noqa: E402
 
 TIMEOUT_S = 600.0
+SAMPLE_S = 0.25  # how often a run's CPU time is read
 
 
 def add_flags(parser) -> None:
@@ -105,21 +113,81 @@ def bad_flag_s(code: str | None = None) -> float:
     return elapsed
 
 
+def descendants(parents: dict[int, int], root: int) -> list[int]:
+    """`root` and every process below it, from {pid: parent pid}."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and the processes below it."""
+    parents, cpu = {}, {}
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) * tick_s  # utime, stime
+    return sum(cpu.get(pid, 0.0) for pid in descendants(parents, root))
+
+
+def cpu_at(samples: list[tuple[float, float]], at_s: float) -> float | None:
+    """The CPU seconds of the last (time, cpu_s) sample taken at or before
+    `at_s` (the samples in time order); None if none was."""
+    before = [cpu for t, cpu in samples if t <= at_s]
+    return before[-1] if before else None
+
+
+def run_sampled(command: list[str], env: dict, timeout_s: float):
+    """Run `command` to its end, reading its process tree's CPU every
+    SAMPLE_S; returns (exit status, its stderr, [(time.time(), cpu_s)])."""
+    samples = []
+    with tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                 env=env)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while child.poll() is None:
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(command, timeout_s)
+                samples.append((time.time(), tree_cpu_s(child.pid)))
+                time.sleep(SAMPLE_S)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        err.seek(0)
+        return child.returncode, err.read(), samples
+
+
 def train_once(dataset: str, steps: int, run_dir: str, code: str | None = None) -> dict:
-    """One real `towerps train`: its start-up figures, from summary.json."""
+    """One real `towerps train`: its start-up figures, from summary.json, and
+    the CPU its processes had used by the first step."""
     flags = ["train", "--dataset", dataset, "--num-workers", "2", "--num-ps", "2",
              "--batch-size", "64", "--steps", str(steps), "--run-dir", run_dir, "--no-download"]
     t0 = time.time()
-    done = subprocess.run(towerps_command(flags), capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=child_env(code))
+    status, stderr, samples = run_sampled(towerps_command(flags), child_env(code), TIMEOUT_S)
     process_s = time.time() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"towerps train exited {done.returncode}: {done.stderr[-4000:]}")
+    if status != 0:
+        raise RuntimeError(f"towerps train exited {status}: {stderr[-4000:]}")
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     return {
         "startup_s": summary["startup_s"],
         "to_first_step_s": summary["train_started_at_s"] - t0,
+        "cpu_to_first_step_s": cpu_at(samples, summary["train_started_at_s"]),
         "process_s": process_s,
         "wall_s": summary["wall_s"],
         "startup_phases_s": summary.get("startup_phases_s", {}),
@@ -148,13 +216,18 @@ def one_round(dataset: str, steps: int, run_dir: str, code: str | None, label: s
 
 def medians(rounds: list[dict]) -> dict:
     """The medians of the rounds' figures, and of each start-up phase the rounds have."""
-    figures = {key: common.median(r[key] for r in rounds)
-               for key in ("bad_flag_s", "startup_s", "to_first_step_s", "process_s")}
+    figures = {key: common.median(r.get(key) for r in rounds)  # older rounds lack some
+               for key in ("bad_flag_s", "startup_s", "to_first_step_s", "cpu_to_first_step_s",
+                           "process_s")}
     phases = [r["startup_phases_s"] for r in rounds if r.get("startup_phases_s")]
     if phases:
         figures["startup_phases_s"] = {name: common.median(p[name] for p in phases)
                                        for name in phases[0]}
     return figures
+
+
+def _cpu(cpu_s: float | None) -> str:
+    return "CPU not measured" if cpu_s is None else f"{cpu_s:.1f} CPU s"
 
 
 def describe_phases(phases: dict) -> str:
@@ -194,6 +267,7 @@ def main(argv=None) -> dict:
     figures["rounds"] = rounds
     summary = "; ".join(
         f"{label}: startup_s {f['startup_s']:.1f} s, first step {f['to_first_step_s']:.1f} s "
+        f"({_cpu(f['cpu_to_first_step_s'])}) "
         f"({describe_phases(f.get('startup_phases_s', {})) or 'no split'}), "
         f"bad flag {f['bad_flag_s']:.1f} s" for label, f in figures.items() if label != "rounds")
     return common.write_result(

@@ -44,6 +44,7 @@ from ray._private import services
 import towerps
 from towerps.cluster.recovery.interrupts import Interrupted
 from towerps.cluster.recovery.ray_lost import DaemonWatch
+from towerps.cluster.run.local_node import local_node
 from towerps.cluster.run.loopback import loopback_ray
 from towerps.cluster.observe.logs import actor_env, ray_logging_level
 from towerps.errors import ClusterError
@@ -89,11 +90,12 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # Every port of it is on 127.0.0.1 (cluster/run/loopback.py). Its
         # processes inherit the actors' variables, so the job needs no
         # runtime_env and its workers start in the processes Ray starts idle
-        # (local_system_config).
+        # (local_system_config). Ray's processes towerps does not use are
+        # left out (cluster/run/local_node.py).
         daemons_in_own_session()
         try:
             with loopback_ray() as on_loopback, inherited_env(actor_env(verbose)), \
-                    api_server(dashboard):
+                    local_node(dashboard):
                 context = ray.init(
                     address="local",
                     num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
@@ -205,32 +207,6 @@ def inherited_env(variables: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def _no_api_server(*args, **kwargs) -> tuple[None, None]:
-    """services.start_api_server's result when it starts nothing: no URL, no process."""
-    return None, None
-
-
-@contextmanager
-def api_server(dashboard: bool) -> Iterator[None]:
-    """Whether a local cluster started in the block has Ray's API server
-    (its dashboard head). Without `dashboard` it has none: Ray 2.60 starts
-    it even with include_dashboard=False, to report usage statistics, and
-    `ray.init` waits for it to come up (a second or more of Python imports
-    on a small machine), then the raylet (services.start_api_server, called
-    by Node.start_head_processes). towerps uses none of what it serves (the
-    jobs and state APIs); the per-node agent, which exports Ray metrics and
-    sets up runtime_envs, starts as before. Not thread-safe."""
-    if dashboard:
-        yield
-        return
-    started = services.start_api_server
-    services.start_api_server = _no_api_server
-    try:
-        yield
-    finally:
-        services.start_api_server = started
 
 
 def stop_local_ray(grace_s: float = 10.0) -> None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from towerps.errors import BadTensor
@@ -36,15 +35,37 @@ GRPC_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
+# bfloat16 joins both tables the first time one is met (_add_bfloat16).
 _TO_WIRE = {
     np.dtype("<f4"): pb.FLOAT32,
     np.dtype("<f2"): pb.FLOAT16,
-    np.dtype(ml_dtypes.bfloat16): pb.BFLOAT16,
     np.dtype("<f8"): pb.FLOAT64,
     np.dtype("<i4"): pb.INT32,
     np.dtype("<i8"): pb.INT64,
 }
 _FROM_WIRE = {code: dtype for dtype, code in _TO_WIRE.items()}
+
+
+def _add_bfloat16() -> np.dtype:
+    """ml_dtypes' bfloat16, added to the wire's tables; idempotent.
+
+    Imported only when a bfloat16 is met (a tensor in it, a code for it,
+    WIRE_DTYPES read): the import costs about half a CPU-second, which a
+    shard's process would otherwise pay at every start-up on the default
+    float32 wire. A process holding a bfloat16 array has imported it already."""
+    import ml_dtypes
+
+    bfloat16 = np.dtype(ml_dtypes.bfloat16)
+    _TO_WIRE[bfloat16] = pb.BFLOAT16
+    _FROM_WIRE[pb.BFLOAT16] = bfloat16
+    return bfloat16
+
+
+def _from_wire(code: int) -> np.dtype | None:
+    """The dtype of wire code `code`, None if it names none."""
+    if code == pb.BFLOAT16:
+        return _add_bfloat16()
+    return _FROM_WIRE.get(code)
 
 
 @dataclass(frozen=True)
@@ -118,29 +139,43 @@ def widened(array: np.ndarray, dtype) -> np.ndarray:
 
 
 # Compact dtypes a float32 tensor may travel in (gradients and parameters);
-# receivers widen them back to float32 before any arithmetic.
-WIRE_DTYPES = {
-    "float32": np.dtype("<f4"),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float16": np.dtype("<f2"),
-}
+# receivers widen them back to float32 before any arithmetic. The module's
+# WIRE_DTYPES, {name: dtype} in this order, is built when first read
+# (__getattr__ below: its bfloat16 imports ml_dtypes).
+WIRE_DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def __getattr__(name: str):
+    if name == "WIRE_DTYPES":
+        return {n: _add_bfloat16() if n == "bfloat16" else np.dtype(n).newbyteorder("<")
+                for n in WIRE_DTYPE_NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_wire_dtype(dtype: np.dtype) -> bool:
+    """Whether `dtype` is one of WIRE_DTYPES (without importing ml_dtypes
+    when it is not a bfloat16)."""
+    if dtype.name == "bfloat16":
+        return dtype == _add_bfloat16()
+    return dtype in (np.dtype("<f4"), np.dtype("<f2"))
 
 
 def wire_code(dtype: np.dtype) -> int:
-    try:
-        return _TO_WIRE[np.dtype(dtype).newbyteorder("<")]
-    except KeyError:
-        raise BadTensor(
-            f"dtype {np.dtype(dtype)} cannot travel on the wire; "
-            f"use one of {sorted(str(d) for d in _TO_WIRE)}"
-        ) from None
+    dtype = np.dtype(dtype).newbyteorder("<")
+    code = _TO_WIRE.get(dtype)
+    if code is None and dtype.name == "bfloat16" and dtype == _add_bfloat16():
+        code = pb.BFLOAT16
+    if code is None:
+        names = sorted([str(d) for d in _TO_WIRE if d.name != "bfloat16"] + ["bfloat16"])
+        raise BadTensor(f"dtype {dtype} cannot travel on the wire; use one of {names}")
+    return code
 
 
 def dtype_of(code: int) -> np.dtype:
-    try:
-        return _FROM_WIRE[code]
-    except KeyError:
-        raise BadTensor(f"unknown wire dtype code {code}") from None
+    dtype = _from_wire(code)
+    if dtype is None:
+        raise BadTensor(f"unknown wire dtype code {code}")
+    return dtype
 
 
 _NAMES_SHOWN = 10  # held names an error about an unknown tensor lists
@@ -159,7 +194,7 @@ def check_expected(kind: str, name: str, spec: TensorSpec,
         more = f" ... and {len(held) - _NAMES_SHOWN} more" if len(held) > _NAMES_SHOWN else ""
         raise BadTensor(f"{kind} {name!r} is not held here; expected one of "
                         f"{held[:_NAMES_SHOWN]}{more}")
-    compact = want.dtype == np.float32 and spec.dtype in WIRE_DTYPES.values()
+    compact = want.dtype == np.float32 and is_wire_dtype(spec.dtype)
     if want.shape != spec.shape or not (want.dtype == spec.dtype or compact):
         raise BadTensor(f"{kind} {name!r}: got dtype {spec.dtype} shape {spec.shape}, "
                         f"expected dtype {want.dtype} shape {want.shape}")
@@ -230,11 +265,12 @@ class TensorAssembler:
             raise BadTensor(
                 f"tensor {name!r} is one more than the {self._max_tensors} the stream announced"
             )
-        if chunk.dtype not in _FROM_WIRE:
+        dtype = _from_wire(chunk.dtype)
+        if dtype is None:
             raise BadTensor(f"tensor {name!r}: unknown wire dtype code {chunk.dtype}")
         if any(d < 0 for d in chunk.shape):
             raise BadTensor(f"tensor {name!r}: negative dimension in shape {list(chunk.shape)}")
-        spec = TensorSpec(_FROM_WIRE[chunk.dtype], tuple(chunk.shape))
+        spec = TensorSpec(dtype, tuple(chunk.shape))
         if self._expected is not None:
             check_expected("tensor", name, spec, self._expected)
         self._specs[name] = spec
@@ -268,6 +304,7 @@ def pull_wire_dtype(code: int) -> np.dtype | None:
     if code == pb.DTYPE_UNSPECIFIED:
         return None
     dtype = dtype_of(code)
-    if dtype not in WIRE_DTYPES.values():
-        raise BadTensor(f"parameters cannot be pulled as {dtype}; use one of {sorted(WIRE_DTYPES)}")
+    if not is_wire_dtype(dtype):
+        raise BadTensor(f"parameters cannot be pulled as {dtype}; "
+                        f"use one of {sorted(WIRE_DTYPE_NAMES)}")
     return dtype

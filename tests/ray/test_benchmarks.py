@@ -113,6 +113,7 @@ def test_startup(tmp_path):
     figures = run_bench("startup", tmp_path)["figures"]
     (round_,) = figures["rounds"]  # --tiny: one round
     assert round_["bad_flag_s"] > 0 and 0 < round_["startup_s"] < round_["to_first_step_s"]
+    assert round_["cpu_to_first_step_s"] > 0  # the driver's own imports, at least
     phases = round_["startup_phases_s"]
     assert list(phases) == list(PHASES)
     assert all(s >= 0 for s in phases.values())

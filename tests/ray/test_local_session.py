@@ -2,7 +2,8 @@
 actor placed in a placement group that holds every CPU, as a job's actors
 are, lands in a worker process Ray started idle before it was asked for,
 and has the actors' variables without a runtime_env; Ray's API server
-(its dashboard head) is not started.
+(its dashboard head) and autoscaler monitor are not started, and the
+dashboard agent's HTTP server takes any free port (cluster/run/local_node.py).
 
 The session runs in a child process of its own (the tier's cluster lives in
 this one, and `ray_session` would use it as it is), as in test_loopback.py."""
@@ -71,6 +72,11 @@ def test_a_local_sessions_actor_lands_in_an_idle_process_with_the_actors_variabl
         # From the raylet's environment, not a runtime_env; the driver's own is as before.
         assert report["seen"]["TF_CPP_MIN_LOG_LEVEL"] == "2"
         assert not [p for p in report["processes"] if "dashboard/dashboard.py" in p]
+        assert not [p for p in report["processes"] if "autoscaler" in p and "monitor.py" in p]
+        assert [p for p in report["processes"] if "_private/log_monitor.py" in p]
+        # Ray retitles the agent's process; the raylet's command line says what it was given.
+        raylet = [p for p in report["processes"] if "raylet/raylet " in p]
+        assert raylet and "--listen-port=0 " in raylet[0]
         assert [p for p in report["processes"] if p.startswith("ray::DashboardAgent")]
     finally:
         end_session(child)

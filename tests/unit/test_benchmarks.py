@@ -149,3 +149,29 @@ def test_sum_order_benchmark_writes_both_orders_and_the_held_bytes(tmp_path):
     assert pair["step_ratio"] == pytest.approx(
         pair["rank"]["step_ms_median"] / pair["arrival"]["step_ms_median"])
     assert sum_order.held_peak([2, 1, 0]) == 2 and sum_order.held_peak([0, 1, 2]) == 0
+
+
+def test_the_startup_benchmark_counts_a_runs_whole_process_tree():
+    from benchmarks.startup import descendants
+
+    parents = {10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 21: 20}  # 10 the command, 20 another's
+    assert sorted(descendants(parents, 10)) == [10, 11, 12, 13]
+    assert descendants(parents, 99) == [99]  # ended: itself alone, which counts nothing
+
+
+def test_the_cpu_at_the_first_step_is_the_last_sample_taken_by_then():
+    from benchmarks.startup import cpu_at
+
+    samples = [(100.0, 0.5), (100.25, 0.9), (100.5, 1.4)]
+    assert cpu_at(samples, 100.3) == 0.9
+    assert cpu_at(samples, 100.5) == 1.4
+    assert cpu_at(samples, 99.0) is None
+
+
+def test_the_startup_medians_leave_out_rounds_measured_before_a_figure_existed():
+    from benchmarks.startup import medians
+
+    old = {"bad_flag_s": 0.1, "startup_s": 9.0, "to_first_step_s": 10.0, "process_s": 15.0}
+    new = {**old, "to_first_step_s": 12.0, "cpu_to_first_step_s": 18.0}
+    figures = medians([old, new])
+    assert figures["to_first_step_s"] == 11.0 and figures["cpu_to_first_step_s"] == 18.0

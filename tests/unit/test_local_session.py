@@ -1,16 +1,20 @@
-"""What a local Ray cluster is started with (cluster/run/session.py), without
-starting one: the actors' variables in the environment for the block of
-`ray.init` only, and Ray's API server left out unless the dashboard is asked
-for. tests/ray/test_local_session.py starts one and checks where the
-actors land."""
+"""What a local Ray cluster is started with (cluster/run/session.py,
+cluster/run/local_node.py), without starting one: the actors' variables in
+the environment for the block of `ray.init` only, Ray's API server left out
+unless the dashboard is asked for, no autoscaler monitor, the agent's HTTP
+port any free one, the dashboard's dependencies found, not imported.
+tests/ray/test_local_session.py starts one and checks where the actors land."""
 
 import os
 
 import pytest
+import ray._private.parameter as parameter
+import ray._private.utils as ray_utils
 from ray._private import services
 
-from towerps.cluster.run.session import (IDLE_WORKER_KEPT_S, api_server, inherited_env,
-                                         local_system_config)
+from towerps.cluster.run import local_node as lean
+from towerps.cluster.run.local_node import api_server, local_node
+from towerps.cluster.run.session import IDLE_WORKER_KEPT_S, inherited_env, local_system_config
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +62,42 @@ def test_idle_worker_processes_are_started_early_and_kept_through_the_start_up()
     assert config["prestart_worker_first_driver"] is True
     # Ray's default is a second; a start-up on a busy 2-core machine takes far longer.
     assert config["idle_worker_killing_time_threshold_ms"] == IDLE_WORKER_KEPT_S * 1000 >= 30_000
+
+
+def test_a_local_node_has_no_monitor_and_the_agents_http_port_is_any_free_one():
+    with local_node(dashboard=False):
+        # ray.init builds its RayParams by this name, at the call.
+        params = parameter.RayParams(num_cpus=2)
+    assert isinstance(params, parameter.RayParams)
+    assert params.no_monitor is True and params.dashboard_agent_listen_port == 0
+    assert params.num_cpus == 2  # the rest as given
+    plain = parameter.RayParams(num_cpus=2)
+    assert not plain.no_monitor and plain.dashboard_agent_listen_port == 52365
+
+
+def test_ray_is_as_before_after_the_block_even_after_an_error():
+    names = (parameter.RayParams, ray_utils.get_dashboard_dependency_error,
+             services.start_api_server)
+    with pytest.raises(RuntimeError), local_node(dashboard=False):
+        assert ray_utils.get_dashboard_dependency_error is lean.dashboard_dependency_error
+        raise RuntimeError("ray.init failed")
+    assert (parameter.RayParams, ray_utils.get_dashboard_dependency_error,
+            services.start_api_server) == names
+
+
+def test_the_dashboards_dependencies_are_found_as_ray_finds_them_without_importing_them():
+    from tests.unit.fresh import run_fresh
+
+    found = run_fresh("""
+        import json, sys
+        from towerps.cluster.run.local_node import dashboard_dependency_error
+        error = dashboard_dependency_error()
+        print(json.dumps([error is None, "aiohttp" in sys.modules, "pydantic" in sys.modules]))
+    """)
+    assert found == [ray_utils.get_dashboard_dependency_error() is None, False, False]
+
+
+def test_a_missing_dependency_is_named_so_the_agent_runs_minimal(monkeypatch):
+    monkeypatch.setattr(lean, "DASHBOARD_MODULES", ("json", "towerps_no_such_module.sub"))
+    error = lean.dashboard_dependency_error()
+    assert isinstance(error, ImportError) and error.name == "towerps_no_such_module.sub"

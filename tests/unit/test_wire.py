@@ -228,3 +228,35 @@ def test_all_finite_makes_no_temporary_the_size_of_the_array(layout):
     finally:
         tracemalloc.stop()
     assert peak < 4 * FINITE_BLOCK, f"{peak} bytes allocated to check {array.nbytes}"
+
+
+def test_a_shards_modules_load_ml_dtypes_only_when_a_bfloat16_comes():
+    # Its import is half a CPU-second of every shard's start-up on the float32 wire.
+    from tests.unit.fresh import run_fresh
+
+    loaded = run_fresh("""
+        import json, sys
+        import towerps.ps, towerps.ps.servicer, towerps.codec, towerps.shm
+        from towerps import wire
+        from towerps.proto import towerps_pb2 as pb
+        before = "ml_dtypes" in sys.modules
+        float32 = wire.pull_wire_dtype(pb.FLOAT32).name
+        still = "ml_dtypes" in sys.modules
+        bfloat16 = wire.pull_wire_dtype(pb.BFLOAT16).name
+        print(json.dumps([before, float32, still, bfloat16, "ml_dtypes" in sys.modules]))
+    """)
+    assert loaded == [False, "float32", False, "bfloat16", True]
+
+
+def test_a_bfloat16_made_elsewhere_travels_before_the_wire_met_one():
+    from tests.unit.fresh import run_fresh
+
+    codes = run_fresh("""
+        import json
+        import ml_dtypes, numpy as np
+        from towerps import wire
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        print(json.dumps([wire.wire_code(bf16), wire.is_wire_dtype(bf16),
+                          list(wire.WIRE_DTYPES) == ["float32", "bfloat16", "float16"]]))
+    """)
+    assert codes == [pb.BFLOAT16, True, True]
