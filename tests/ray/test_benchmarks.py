@@ -71,8 +71,12 @@ def test_transport(tmp_path):
                     "local_job_pull_mb_per_s", "local_job_push_pull_mb_per_s"):
             assert size[key] > 0
         assert size["push_vs_bare"] > 0 and size["pull_vs_fresh"] > 0
-        # A local job's path (Unix socket + segments) against the same calls on loopback TCP.
-        assert size["local_job_push_pull_vs_tcp_loopback"] > 0
+        # A local job's path (Unix socket + segments) against two paths on loopback TCP.
+        for op in ("push", "pull", "push_pull"):
+            assert size[f"local_job_{op}_vs_grpc_on_tcp"] == pytest.approx(
+                size[f"local_job_{op}_mb_per_s"] / size[f"grpc_{op}_mb_per_s"])
+            assert size[f"local_job_{op}_vs_shm_on_tcp"] > 0
+            assert size[f"local_job_{op}_vs_shm_on_tcp_paired"] > 0
         # The shard holds the parameters (and the step's buffer): its peak is above them.
         assert size["shard_hwm_bytes"] > size["parameter_bytes"]
         assert size["client_hwm_bytes"] >= size["client_rss_before_bytes"]
@@ -80,7 +84,7 @@ def test_transport(tmp_path):
     assert tls["push"] > 0 and tls["pull"] > 0
     assert "tls" not in per_size["4MB"]
     assert "local_job_push_s" not in per_size["1MB"]["tls"]["raw_times_s"]  # plaintext only
-    assert result["figures"]["worst_local_job_over_tcp_loopback"] > 0
+    assert result["figures"]["worst_local_job_over_grpc_on_tcp"] > 0
 
 
 def test_fuzz(tmp_path):
