@@ -30,10 +30,11 @@ down in cluster/recovery/__init__.py.
 With `--batch-split measured` the workers' figures also go to the split
 planner (cluster/run/split.py); when their speeds drifted from their rows,
 the job makes the new rows every worker's from a version just ahead of the
-shards (`Job.apply_split`). Such a run is polled and its workers asked
-every SPLIT_POLL_S rather than POLL_S and REPORT_S: a step takes well
-under a second, and a plan waits for figures of its own steps, so reading
-them a second late would cost the split dozens of steps each time.
+shards (`Job.apply_split`). Such a run is polled every SPLIT_POLL_S and
+its workers asked every SPLIT_REPORT_S rather than POLL_S and REPORT_S: a
+step takes well under a second, and a plan waits for figures of its own
+steps, so reading them a second late would cost the split dozens of steps
+each time (a report carries a worker's last steps: none is missed).
 
 What the user sees (cluster/recovery/history.py): a line for each recovery
 once it is done (what died, who took over, from which version, how long
@@ -67,7 +68,8 @@ from towerps.private import open_private
 
 POLL_S = 0.25  # how long a poll waits for the workers' runs before reading the log
 REPORT_S = 1.0  # how often the workers are asked for their figures
-SPLIT_POLL_S = 0.1  # both, while a measured batch split runs
+SPLIT_POLL_S = 0.1  # POLL_S while a measured batch split runs
+SPLIT_REPORT_S = 0.2  # REPORT_S then: a few steps apart, few calls into a busy worker
 log = logging.getLogger("towerps")
 
 
@@ -131,7 +133,7 @@ class _Watch:
         self.per_record = PerRecord(counting.wire_bytes_per_step, counting.updates_per_step,
                                     counting.start)
         self.observer = Observers([self.per_record, observer])
-        self.figures = _WorkerPoll(job.workers, SPLIT_POLL_S if fast else REPORT_S)
+        self.figures = _WorkerPoll(job.workers, SPLIT_REPORT_S if fast else REPORT_S)
         eval_points = job.config.eval_points
         self.snapshots = Snapshots(eval_points) if eval_points else None
         self.replies: list = []  # every shard's latest StatusReply
@@ -275,7 +277,9 @@ class _Watch:
         except ActorDied:
             return  # the next poll finds the death, and the recovery re-plans
         if plan is not None:
-            log.debug("batch split from version %d: %s", plan.version, list(plan.rows))
+            log.debug("batch split from version %d: %s (compute s %s, fixed rows %.1f)",
+                      plan.version, list(plan.rows), self.planner.times(),
+                      self.planner.fixed_rows)
             self.planner.planned(plan.version, plan.rows)
 
     def _snapshot(self) -> None:

@@ -28,9 +28,14 @@ same speed at two row counts tells the fixed cost apart,
 to examples per second would take a few. A plan is proposed only when, at
 these speeds, it would shorten the slowest worker's compute of a step by
 more than `margin` (10%: less is noise on a shared machine, and each plan
-costs the shards a short hold). Judged by the step and not by each
-worker's rows: a worker of 20 rows is 10% off with 2 rows, which a noisy
-figure gives every few steps, and which no step would notice.
+costs the shards a short hold), with the current rows judged at speeds
+one standard error of their medians faster and the new rows one slower,
+and, on fewer steps than a window, by proportionally more (30% on the
+first 4 of 12): a speed far off its rows shows in a few steps, a small
+drift must hold for a whole window before it is believed. Judged by the
+step and not by each worker's rows: a worker of 20 rows is 10% off with 2
+rows, which a noisy figure gives every few steps, and which no step would
+notice.
 """
 
 from __future__ import annotations
@@ -201,6 +206,10 @@ class SplitPlanner:
         per compute second of its median step."""
         return {r: (self.fixed_rows + self.rows[r]) / s for r, (s, _) in self._times().items()}
 
+    def times(self) -> dict[int, float]:
+        """Each worker's median compute seconds of a step at the plan's rows so far."""
+        return {r: round(s, 4) for r, (s, _) in self._times().items()}
+
     def observe(self, reports) -> list[int] | None:
         """Take the workers' figures (WorkerReports: rank, recent_steps) and
         return new rows by rank, or None: too few fresh steps yet, or the
@@ -214,7 +223,12 @@ class SplitPlanner:
         self._learn_fixed_cost({r: s for r, (s, _) in times.items()})
         rates = [(self.fixed_rows + self.rows[r]) / times[r][0] for r in live]
         proposed = balanced_rows(rates, self.global_batch, self.min_rows, self.fixed_rows)
-        if not drifted([self.rows[r] for r in live], proposed, rates, self.margin,
+        # Fewer steps than a window: a plan must promise more (3x the margin
+        # on the first `warmup` steps of 12); a speed far off its rows shows
+        # on a few, a small drift needs the whole window to be believed.
+        fewest = min(len(self._steps[r]) for r in live)
+        margin = self.margin * self.window / fewest
+        if not drifted([self.rows[r] for r in live], proposed, rates, margin,
                        self.fixed_rows, [times[r][1] for r in live]):
             return None
         target = [0] * len(self.rows)
@@ -263,7 +277,11 @@ class SplitPlanner:
         found = [f for f in found if f is not None]
         if not found:
             return
-        estimate = min(statistics.median(found), float(self.global_batch))
+        # At most a quarter of an even share: a fixed cost that large makes
+        # the rows so sensitive to the rates that noise would move them (on a
+        # loaded machine, a worker's speed moves with the others' rows too).
+        cap = self.global_batch / (4 * sum(1 for n in self.rows if n > 0))
+        estimate = min(statistics.median(found), cap)
         self.fixed_rows = estimate if not self._learnt else (
             self.smoothing * estimate + (1 - self.smoothing) * self.fixed_rows)
         self._learnt = True

@@ -131,11 +131,26 @@ def test_a_slow_step_now_and_then_moves_no_median():
     spikes = [Figures(r, tuple((v, 32, 1.0 if v % 4 == 0 else 0.1) for v in range(1, 11)))
               for r in range(3)]
     assert planner.observe(fast) is None
-    assert planner.observe(spikes) is None and planner.rates == pytest.approx({0: 320.0, 1: 320.0, 2: 320.0})
+    assert planner.observe(spikes) is None
+    assert planner.rates == pytest.approx({0: 320.0, 1: 320.0, 2: 320.0})
+
+
+def test_a_small_drift_needs_a_whole_window_of_steps_a_large_one_a_few():
+    # Worker 2 20% slower: new rows would shorten a step by 13%, which 4 steps
+    # at the plan's rows do not show beyond noise, and 12 do.
+    planner = SplitPlanner(96, [32, 32, 32], warmup_steps=4, window_steps=12)
+    slower = [0.1, 0.1, 0.12]
+    assert planner.observe([_steps(r, 32, s, range(1, 5)) for r, s in enumerate(slower)]) is None
+    assert planner.observe([_steps(r, 32, s, range(1, 13))
+                            for r, s in enumerate(slower)]) == [34, 34, 28]
+    # 3x slower: 4 steps are enough.
+    planner = SplitPlanner(96, [32, 32, 32], warmup_steps=4, window_steps=12)
+    assert planner.observe([_steps(r, 32, s, range(1, 5))
+                            for r, s in enumerate([0.1, 0.1, 0.3])]) == [41, 41, 14]
 
 
 def test_after_a_plan_only_its_own_steps_count():
-    planner = SplitPlanner(96, [32, 32, 32], warmup_steps=1)
+    planner = SplitPlanner(96, [32, 32, 32], warmup_steps=1, window_steps=1)
     assert planner.observe([_steps(r, 32, s, [1]) for r, s in
                             enumerate([0.1, 0.1, 0.3])]) == [41, 41, 14]
     planner.planned(10, [41, 41, 14])
@@ -148,17 +163,17 @@ def test_after_a_plan_only_its_own_steps_count():
 
 
 def test_a_plan_teaches_the_planner_the_fixed_cost_and_the_next_rows_use_it():
-    """Steps of (20 + rows) / rate: rows in proportion to examples per second
+    """Steps of (12 + rows) / rate: rows in proportion to examples per second
     (the first plan, with nothing to learn the cost from) undershoot; the
     steps at them tell the cost, and the next plan evens the step times."""
-    rates, fixed = [1000.0, 1000.0, 250.0], 20.0
-    planner = SplitPlanner(192, [64, 64, 64], warmup_steps=1)
+    rates, fixed = [1000.0, 1000.0, 250.0], 12.0
+    planner = SplitPlanner(192, [64, 64, 64], warmup_steps=1, window_steps=1)
 
     def steps_at(rows, versions):
         return [_steps(r, n, (fixed + n) / rates[r], versions) for r, n in enumerate(rows)]
 
     first = planner.observe(steps_at([64, 64, 64], [1]))
-    assert first == balanced_rows([1.0, 1.0, 0.25], 192)  # 64 / (84 / rate) each
+    assert first == balanced_rows([1.0, 1.0, 0.25], 192)  # 64 / (76 / rate) each
     planner.planned(5, first)
     second = planner.observe(steps_at(first, [5]))
     assert planner.fixed_rows == pytest.approx(fixed)
@@ -168,7 +183,7 @@ def test_a_plan_teaches_the_planner_the_fixed_cost_and_the_next_rows_use_it():
 
 
 def test_a_speed_change_is_followed():
-    planner = SplitPlanner(96, [41, 41, 14], warmup_steps=1)
+    planner = SplitPlanner(96, [41, 41, 14], warmup_steps=1, window_steps=1)
     planner.observe([_steps(r, n, n / rate, [1]) for r, (n, rate) in
                      enumerate(zip([41, 41, 14], [300.0, 300.0, 100.0]))])
     # Worker 2 is as fast as the others now, for the whole window.
@@ -177,20 +192,20 @@ def test_a_speed_change_is_followed():
 
 
 def test_figures_of_no_step_are_left_out():
-    planner = SplitPlanner(64, [32, 32], warmup_steps=1)
+    planner = SplitPlanner(64, [32, 32], warmup_steps=1, window_steps=1)
     assert planner.observe([_steps(0, 32, 0.0, [1]), _steps(1, 32, math.nan, [1])]) is None
     assert planner.observe([Figures(0, ()), Figures(1, ())]) is None
     assert planner.rates == {}
 
 
 def test_ranks_with_no_rows_are_left_out():
-    planner = SplitPlanner(64, [32, 0, 32], warmup_steps=1)
+    planner = SplitPlanner(64, [32, 0, 32], warmup_steps=1, window_steps=1)
     rows = planner.observe([_steps(0, 32, 0.5, [1]), _steps(2, 32, 1.0, [1])])
     assert rows == [43, 0, 21]  # 64 * 2/3 and 64/3, the left-over row to rank 0
 
 
 def test_one_worker_never_replans():
-    planner = SplitPlanner(32, [32], warmup_steps=1)
+    planner = SplitPlanner(32, [32], warmup_steps=1, window_steps=1)
     assert planner.observe([_steps(0, 32, 9.0, [1, 2])]) is None
 
 

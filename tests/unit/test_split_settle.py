@@ -15,7 +15,7 @@ from towerps.cluster.run.split import SplitPlanner, balanced_rows, step_compute_
 
 pytestmark = pytest.mark.unit
 
-BATCH, FIXED = 192, 20.0  # a step costs 20 rows' compute besides its own rows
+BATCH, FIXED = 192, 12.0  # a step costs 12 rows' compute besides its own rows
 FAST, SLOW = 1400.0, 1400.0 / 3  # examples per compute second beyond the fixed cost
 READ_EVERY, LEAD = 2, 2  # the driver reads the reports every 2 steps; plans 2 ahead
 RECENT_STEPS = 32  # workers/worker.py's (which imports TensorFlow)
