@@ -54,6 +54,9 @@ PLANS_FILE = "batch_split.json"  # in the run directory: the plans, for --resume
 MARGIN = 0.10  # re-plan when new rows would shorten a step's compute by more than this
 WARMUP_STEPS = 4  # each worker's steps at a plan's rows before they count
 WINDOW_STEPS = 12  # a worker's compute time: the median of its last this many steps
+# ... and of its last this many, whose smaller error shows a drift too small
+# for the short window on a noisy machine, once it has lasted that long.
+LONG_WINDOW_STEPS = 48
 # How many standard errors of its median each worker's speed is moved by
 # against a plan (drifted's `spread`): 1.5 re-planned a simulated noisy run
 # a third as often as 1, and followed a speed change sooner.
@@ -184,14 +187,16 @@ class SplitPlanner:
 
     def __init__(self, global_batch: int, rows: Sequence[int], *, min_rows: int = 1,
                  margin: float = MARGIN, warmup_steps: int = WARMUP_STEPS,
-                 window_steps: int = WINDOW_STEPS, smoothing: float = SMOOTHING):
+                 window_steps: int = WINDOW_STEPS, long_window_steps: int = LONG_WINDOW_STEPS,
+                 smoothing: float = SMOOTHING):
         if sum(rows) != global_batch:
             raise ValueError(f"rows {list(rows)} do not sum to the global batch {global_batch}")
-        if not 1 <= warmup_steps <= window_steps:
-            raise ValueError(f"need 1 <= warmup_steps <= window_steps, got {warmup_steps} "
-                             f"and {window_steps}")
+        if not 1 <= warmup_steps <= window_steps <= long_window_steps:
+            raise ValueError(f"need 1 <= warmup_steps <= window_steps <= long_window_steps, got "
+                             f"{warmup_steps}, {window_steps} and {long_window_steps}")
         self.global_batch, self.min_rows = global_batch, min_rows
         self.margin, self.warmup, self.window = margin, warmup_steps, window_steps
+        self.long_window = long_window_steps
         self.smoothing = smoothing
         self.rows = list(rows)  # the current plan's (0: a rank that trains no more)
         # Figures count from this version on; step 0 traces the tower's
@@ -225,13 +230,21 @@ class SplitPlanner:
             return None
         times = self._times()
         self._learn_fixed_cost({r: s for r, (s, _) in times.items()})
-        rates = [(self.fixed_rows + self.rows[r]) / times[r][0] for r in live]
-        proposed = balanced_rows(rates, self.global_batch, self.min_rows, self.fixed_rows)
         # Fewer steps than a window: a plan must promise more (3x the margin
         # on the first `warmup` steps of 12); a speed far off its rows shows
         # on a few, a small drift needs the whole window to be believed.
         fewest = min(len(self._steps[r]) for r in live)
-        margin = self.margin * self.window / fewest
+        proposed = self._proposal(live, times, self.margin * self.window / min(
+            fewest, self.window))
+        if proposed is None and fewest > self.window:
+            proposed = self._proposal(live, self._times(self.long_window), self.margin)
+        return proposed
+
+    def _proposal(self, live: list[int], times: dict, margin: float) -> list[int] | None:
+        """New rows by rank from `times` (rank -> median compute seconds and
+        its error) if they shorten a step by more than `margin` beyond the noise."""
+        rates = [(self.fixed_rows + self.rows[r]) / times[r][0] for r in live]
+        proposed = balanced_rows(rates, self.global_batch, self.min_rows, self.fixed_rows)
         if not drifted([self.rows[r] for r in live], proposed, rates, margin,
                        self.fixed_rows, [NOISE_ERRORS * times[r][1] for r in live]):
             return None
@@ -252,7 +265,7 @@ class SplitPlanner:
 
     def _take(self, report) -> None:
         """One worker's steps at the plan's rows since its version, the last
-        `window` of them kept (a step read twice counts once)."""
+        `long_window` of them kept (a step read twice counts once)."""
         rank = report.rank
         if rank >= len(self.rows) or self.rows[rank] == 0:
             return
@@ -262,13 +275,15 @@ class SplitPlanner:
             if version >= self._since and examples == self.rows[rank] and (
                     math.isfinite(seconds) and seconds > 0):
                 steps[version] = seconds
-        for version in sorted(steps)[:-self.window]:
+        for version in sorted(steps)[:-self.long_window]:
             del steps[version]
 
-    def _times(self) -> dict[int, tuple[float, float]]:
-        """rank -> the median compute seconds of its kept steps and its
-        relative error (`median_s`; ranks with any)."""
-        return {r: median_s(list(s.values())) for r, s in self._steps.items() if s}
+    def _times(self, last: int | None = None) -> dict[int, tuple[float, float]]:
+        """rank -> the median compute seconds of its last `last` steps (None:
+        `window`) and its relative error (`median_s`; ranks with any)."""
+        last = last or self.window
+        return {r: median_s([s[v] for v in sorted(s)[-last:]])
+                for r, s in self._steps.items() if s}
 
     def _learn_fixed_cost(self, times: dict[int, float]) -> None:
         """The fixed cost from each worker's compute before and after the

@@ -149,6 +149,21 @@ def test_a_small_drift_needs_a_whole_window_of_steps_a_large_one_a_few():
                             for r, s in enumerate([0.1, 0.1, 0.3])]) == [41, 41, 14]
 
 
+def test_a_drift_hidden_by_noise_in_a_window_shows_in_the_long_window():
+    """Steps 20% off their median either way: 12 of them leave a 40% longer
+    step of worker 2 within the noise; 48 of them show it."""
+    planner = SplitPlanner(96, [32, 32, 32], warmup_steps=4, window_steps=12,
+                           long_window_steps=48)
+
+    def noisy(versions):
+        return [Figures(r, tuple((v, 32, s * (0.8 if v % 2 else 1.2)) for v in versions))
+                for r, s in enumerate([0.1, 0.1, 0.16])]
+
+    assert planner.observe(noisy(range(1, 13))) is None
+    rows = planner.observe(noisy(range(13, 49)))
+    assert rows is not None and rows[2] < 32 < min(rows[:2]), rows
+
+
 def test_after_a_plan_only_its_own_steps_count():
     planner = SplitPlanner(96, [32, 32, 32], warmup_steps=1, window_steps=1)
     assert planner.observe([_steps(r, 32, s, [1]) for r, s in
@@ -212,6 +227,8 @@ def test_one_worker_never_replans():
 def test_warmup_longer_than_the_window_is_refused():
     with pytest.raises(ValueError, match="warmup_steps"):
         SplitPlanner(32, [16, 16], warmup_steps=5, window_steps=4)
+    with pytest.raises(ValueError, match="long_window_steps"):
+        SplitPlanner(32, [16, 16], window_steps=12, long_window_steps=8)
 
 
 def test_plans_are_looked_up_by_step():
