@@ -32,7 +32,9 @@ costs the shards a short hold), with the current rows judged at speeds
 1.5 standard errors of their medians faster and the new rows as much slower,
 and, on fewer steps than a window, by proportionally more (30% on the
 first 4 of 12): a speed far off its rows shows in a few steps, a small
-drift must hold for a whole window before it is believed. Judged by the
+drift must hold for a whole window before it is believed. A drift that the
+noise of a busy machine hides in 12 steps is judged again on the last 48,
+whose medians are surer, against twice the margin. Judged by the
 step and not by each worker's rows: a worker of 20 rows is 10% off with 2
 rows, which a noisy figure gives every few steps, and which no step would
 notice.
@@ -237,7 +239,10 @@ class SplitPlanner:
         proposed = self._proposal(live, times, self.margin * self.window / min(
             fewest, self.window))
         if proposed is None and fewest > self.window:
-            proposed = self._proposal(live, self._times(self.long_window), self.margin)
+            # Twice the margin: a worker's speed on a shared machine wanders
+            # over a long window too, and only a large drift is worth a plan
+            # that the short window did not call for.
+            proposed = self._proposal(live, self._times(self.long_window), 2 * self.margin)
         return proposed
 
     def _proposal(self, live: list[int], times: dict, margin: float) -> list[int] | None:
