@@ -23,9 +23,9 @@ planner models worker i's step as (fixed_rows + rows_i) / rate_i, with
 `fixed_rows` (that cost, in rows' worth of compute) shared by the workers,
 which run the same model; it learns it from each worker's two plans (the
 same speed at two row counts tells the fixed cost apart,
-`fixed_rows_between`). Rows that even out those step times
-(`balanced_rows`) then settle a split in one plan where rows in proportion
-to examples per second would take a few. A plan is proposed only when, at
+`fixed_rows_between`; at most a quarter of an even share). Rows that
+even out those step times (`balanced_rows`) then settle a split in a plan
+or two where rows in proportion to examples per second take a few. A plan is proposed only when, at
 these speeds, it would shorten the slowest worker's compute of a step by
 more than `margin` (10%: less is noise on a shared machine, and each plan
 costs the shards a short hold), with the current rows judged at speeds
