@@ -66,6 +66,10 @@ from towerps.workers.data import DataSet
 from towerps.workers.redirect import Redirect, Redirects, share_rows
 from towerps.workers.tower import Tower
 
+# Steps a WorkerReport keeps of its own: more than the split planner's window,
+# so that a report read every few steps misses none.
+RECENT_STEPS = 32
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -139,6 +143,10 @@ class WorkerReport:
     losses: list[float] = field(default_factory=list)
     recoveries: int = 0  # times this worker went on from a recovery's version
     generation: int = 0  # the newest recovery (Redirect.generation) its run went on from
+    # Its last RECENT_STEPS steps, oldest first: (version, examples, compute
+    # seconds) each. The split planner (cluster/run/split.py) reads a
+    # worker's speed per step from them, whenever the driver asks.
+    recent_steps: tuple[tuple[int, int, float], ...] = ()
 
 
 class Worker:
@@ -288,6 +296,9 @@ class Worker:
         report.steps += 1
         report.examples += num_examples(x)
         report.version = version
+        # A new tuple, assigned whole: progress() reads it from another thread.
+        report.recent_steps = (*report.recent_steps[1 - RECENT_STEPS:],
+                               (version, num_examples(x), t2 - t1))
         report.pushes_dropped += PushOutcome.DROPPED in outcomes
         report.losses.append(loss)
         return version

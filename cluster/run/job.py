@@ -68,9 +68,11 @@ from towerps.workers.seams import installed
 
 FINAL_PULL_TIMEOUT_S = 60.0
 # A split plan starts this many versions past the furthest shard: far enough
-# that the plan reaches every shard and worker before a step gets there on
-# a loaded machine (a shard already there refuses it, and a later one is tried).
-SPLIT_AHEAD = 3
+# that the plan usually reaches every shard before a step gets there (a
+# shard already there refuses it, and a later one is tried; a worker that
+# gets there first waits in its pull), near enough that the new rows start
+# a step or two after the planner asked for them.
+SPLIT_AHEAD = 2
 SPLIT_ATTEMPTS = 3
 REDIRECT_TIMEOUT_S = 30.0  # a live worker takes a redirect at once, however busy
 

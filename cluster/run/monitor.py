@@ -30,7 +30,11 @@ down in cluster/recovery/__init__.py.
 With `--batch-split measured` the workers' figures also go to the split
 planner (cluster/run/split.py); when their speeds drifted from their rows,
 the job makes the new rows every worker's from a version just ahead of the
-shards (`Job.apply_split`). At most one plan per REPORT_S.
+shards (`Job.apply_split`). Such a run is polled every SPLIT_POLL_S and
+its workers asked every SPLIT_REPORT_S rather than POLL_S and REPORT_S: a
+step takes well under a second, and a plan waits for figures of its own
+steps, so reading them a second late would cost the split dozens of steps
+each time (a report carries a worker's last steps: none is missed).
 
 What the user sees (cluster/recovery/history.py): a line for each recovery
 once it is done (what died, who took over, from which version, how long
@@ -64,6 +68,8 @@ from towerps.private import open_private
 
 POLL_S = 0.25  # how long a poll waits for the workers' runs before reading the log
 REPORT_S = 1.0  # how often the workers are asked for their figures
+SPLIT_POLL_S = 0.1  # POLL_S while a measured batch split runs
+SPLIT_REPORT_S = 0.2  # REPORT_S then: a few steps apart, few calls into a busy worker
 log = logging.getLogger("towerps")
 
 
@@ -115,7 +121,10 @@ class _Watch:
         self.supervisor = job.supervisor  # None: the job takes no checkpoints
         self.policy = RecoveryPolicy(recovers=self.supervisor is not None)
         self.observer, self.stop, self.heartbeat = observer, stop, heartbeat
-        self.runs = _Runs(runs)
+        self.planner = _planner(job)  # None: the batch splits as it does
+        # A measured split reads the workers' figures a few steps apart.
+        fast = self.planner is not None
+        self.runs = _Runs(runs, SPLIT_POLL_S if fast else POLL_S)
         self.client = client  # to where the shards are now
         self.opened: list = []  # clients made after recoveries, closed at the end
         self.ledger = Ledger(_counting(job.config, client, job.resume_version or 0, t_train))
@@ -124,8 +133,7 @@ class _Watch:
         self.per_record = PerRecord(counting.wire_bytes_per_step, counting.updates_per_step,
                                     counting.start)
         self.observer = Observers([self.per_record, observer])
-        self.figures = _WorkerPoll(job.workers)
-        self.planner = _planner(job)  # None: the batch splits as it does
+        self.figures = _WorkerPoll(job.workers, SPLIT_REPORT_S if fast else REPORT_S)
         eval_points = job.config.eval_points
         self.snapshots = Snapshots(eval_points) if eval_points else None
         self.replies: list = []  # every shard's latest StatusReply
@@ -165,7 +173,7 @@ class _Watch:
 
     def poll(self) -> Status:
         """What the run is doing now: the first finding of policy.py's list that
-        holds. Blocks up to POLL_S while runs are under way."""
+        holds. Blocks up to POLL_S (SPLIT_POLL_S) while runs are under way."""
         failed = self.runs.wait(self.heartbeat)
         if failed is not None:
             return failed
@@ -269,7 +277,9 @@ class _Watch:
         except ActorDied:
             return  # the next poll finds the death, and the recovery re-plans
         if plan is not None:
-            log.debug("batch split from version %d: %s", plan.version, list(plan.rows))
+            log.debug("batch split from version %d: %s (compute s %s, fixed rows %.1f)",
+                      plan.version, list(plan.rows), self.planner.times(),
+                      self.planner.fixed_rows)
             self.planner.planned(plan.version, plan.rows)
 
     def _snapshot(self) -> None:
@@ -294,18 +304,20 @@ class _Watch:
 class _Runs:
     """The workers' `run` calls: under way (ref -> rank) and ended (ref -> WorkerReport)."""
 
-    def __init__(self, refs: list):
+    def __init__(self, refs: list, wait_s: float = POLL_S):
         self.pending = {ref: rank for rank, ref in enumerate(refs)}
         self.ended: dict = {}
+        self.wait_s = wait_s
 
     def wait(self, heartbeat) -> Status | None:
-        """Wait up to POLL_S for the runs under way, moving each ended one to
+        """Wait up to `wait_s` for the runs under way, moving each ended one to
         `ended`. A run that raised is WORKER_FAILED; the runs of workers whose
         actor died (Ray's report, or `heartbeat`'s judgement: the actor is
         killed) leave `pending` as WORKERS_DIED; else None."""
         if not self.pending:
             return None
-        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=POLL_S)
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending),
+                            timeout=self.wait_s)
         died, reported = [], None
         for ref in ready:
             rank = self.pending.pop(ref)
@@ -339,16 +351,18 @@ class _Runs:
 
 class _WorkerPoll:
     """Asks every worker for its figures (WorkerActor.progress) about every
-    REPORT_S, never waiting on the answers: they are handed on once all are in."""
+    `every_s`, never waiting on the answers: they are returned once all are
+    in, and handed to the observers about every REPORT_S (a measured split
+    reads them more often than a chart needs them)."""
 
-    def __init__(self, workers: list):
-        self.workers = workers
+    def __init__(self, workers: list, every_s: float = REPORT_S):
+        self.workers, self.every_s = workers, every_s
         self.refs: list | None = None
-        self.next_at = time.monotonic()
+        self.next_at = self.observe_at = time.monotonic()
 
     def poll(self, version: int, replies: list, observer: Observer) -> list:
-        """Hand the figures asked for last time to `observer` once all are in,
-        and return them ([]: none new); ask again when REPORT_S has passed."""
+        """The figures asked for last time once all are in ([]: none new), and
+        to `observer` when REPORT_S has passed; ask again when `every_s` has."""
         figures = []
         if self.refs is not None:
             ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
@@ -356,11 +370,13 @@ class _WorkerPoll:
                 return []
             figures = [f for f in map(_figures_of, self.refs) if f is not None]
             self.refs = None
-            observer.workers(version, figures)
-            observer.shards(version, replies)
+            if time.monotonic() >= self.observe_at:
+                observer.workers(version, figures)
+                observer.shards(version, replies)
+                self.observe_at = time.monotonic() + REPORT_S - self.every_s
         if time.monotonic() >= self.next_at:
             self.refs = [w.progress.remote() for w in self.workers]
-            self.next_at = time.monotonic() + REPORT_S
+            self.next_at = time.monotonic() + self.every_s
         return figures
 
 

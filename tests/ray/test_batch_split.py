@@ -15,7 +15,6 @@ import pytest
 
 from tests.ray.test_train import weights_of
 from towerps.cluster import TrainConfig, train
-from towerps.cluster.run import monitor
 from towerps.cluster.run.job import Job
 from towerps.ps.optimizers import make_optimizer
 from towerps.testing import Faults, Hold, injected
@@ -43,9 +42,7 @@ def one_process() -> dict:
 def measured_run(run_dir, monkeypatch, release, faults: Faults, **extra):
     """A measured run of 3 workers, worker 2 slowed 3x, worker 0 held before
     step HOLD_AT until the driver has made a plan (`release` appears then), so
-    the run cannot end before one whatever the load; the workers' figures are
-    read every poll rather than every second, so the planner warms up in time."""
-    monkeypatch.setattr(monitor, "REPORT_S", 0.05)
+    the run cannot end before one whatever the load."""
     apply_split = Job.apply_split
 
     def applied(job, rows):
