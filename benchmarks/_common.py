@@ -217,10 +217,15 @@ def local_ray(num_cpus: int):
     if ray.is_initialized():
         yield
         return
+    from towerps.cluster.run.local_node import local_node
+
     env = child_env()
-    # address="local": a new instance, never a cluster `ray start` left on the machine.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {k: env[k] for k in CHILD_ENV}})
+    # address="local": a new instance, never a cluster `ray start` left on the machine;
+    # lean as towerps' own local cluster (no autoscaler monitor, the agent on any free
+    # port: another Ray cluster on the machine does not make this one wait).
+    with local_node(dashboard=False):
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {k: env[k] for k in CHILD_ENV}})
     try:
         yield
     finally:

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from towerps.cluster.run.local_node import local_node
 from towerps.cluster.run.loopback import loopback_ray
 
 S3_ENV = {
@@ -47,7 +48,10 @@ S3_ENV = {
 @pytest.fixture(scope="package")
 def ray_cluster():
     """The tier's local Ray cluster (this module's docstring says what it holds)."""
-    with loopback_ray() as on_loopback:  # as towerps starts its own: 127.0.0.1 only
+    # As towerps starts its own: 127.0.0.1 only, and without the processes it never
+    # uses (cluster/run/local_node.py: the agent's port is any free one, so the two
+    # test processes' clusters and the runs' own never wait for one another's).
+    with loopback_ray() as on_loopback, local_node(dashboard=False):
         ray.init(address="local", num_cpus=7, num_gpus=2, include_dashboard=False,
                  runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **S3_ENV}},
                  _system_config={"metrics_report_interval_ms": 500}, **on_loopback)
