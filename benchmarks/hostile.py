@@ -33,7 +33,10 @@ whether the parameters are unchanged: the job's workers are paused
 driver token before and after the case, by checksum. The floods of 1 and
 7 run with the workers going, in windows of `--window-s`: training steps/s
 under attack against the mean of the quiet windows before and after
-(goal: >= 0.9x). The job is then stopped with SIGINT and must have written
+(goal: >= 0.9x for the flood by another uid and the minted tokens'; the
+same half-open flood by the job's own uid is measured beside them: that
+user may end the job anyway, and its flood costs the job CPU only). The
+job is then stopped with SIGINT and must have written
 its summary.json.
 
 tests/ray/test_benchmarks.py runs --tiny and asserts every case refused.
@@ -63,6 +66,7 @@ NOBODY = 65534
 WORKERS, SHARDS, BATCH = 2, 2, 64
 SERVICE = "/towerps.v1.ParameterServer/"
 RATE_GOAL = 0.9
+SAME_UID_FLOOD = "1_half_open_flood_same_uid"  # measured, outside the rate goal (main)
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -773,7 +777,7 @@ def main(argv=None) -> dict:
             timed(cases, "8_ray_listeners", lambda: ray_listeners(job))
             timed(cases, "1_half_open_flood_as_nobody",
                   lambda: nobody_case(job, window_s, flood_calls))
-            timed(cases, "1_half_open_flood_same_uid",
+            timed(cases, SAME_UID_FLOOD,
                   lambda: stranger_case(job, window_s, flood_calls))
             timed(cases, "2_overflowing_push", lambda: checked(job, lambda: overflow_push(job)))
             timed(cases, "7_minted_tokens", lambda: checked(job, lambda: mint_calls(job)))
@@ -802,7 +806,12 @@ def main(argv=None) -> dict:
     refused = {k: bool(v.get("refused")) for k, v in cases.items() if k not in not_run}
     unchanged = {k: v["params_unchanged"] for k, v in cases.items() if "params_unchanged" in v}
     ratios = {k: v["rate_ratio"] for k, v in rate_cases.items()}
-    worst = min((r for r in ratios.values() if r is not None), default=None)
+    # The goal's floods: finding 1's by another user, finding 7's minted tokens. The same
+    # half-open flood by the job's own user is measured beside them, not held to the goal:
+    # that user may end the job anyway (signals, its files); it costs the job CPU only.
+    worst = min((r for k, r in ratios.items() if r is not None and k != SAME_UID_FLOOD),
+                default=None)
+    same_uid = ratios.get(SAME_UID_FLOOD)
     figures = {"cases": cases, "run": run, "refused": refused, "not_run": not_run,
                "params_unchanged": unchanged,
                "rate_ratio": ratios, "table": table(cases)}
@@ -811,14 +820,16 @@ def main(argv=None) -> dict:
                     float(all(refused.values())), 1.0),
         common.goal("parameters unchanged by every checked case",
                     float(all(unchanged.values())), 1.0),
-        common.goal("training rate under attack / without (floods of 1 and 7), the worst",
-                    worst, RATE_GOAL),
+        common.goal("training rate under attack / without: the half-open flood by another "
+                    "uid (1) and the minted tokens' long pulls (7), the worst", worst, RATE_GOAL),
     ]
     notes.extend(f"{name}: {why}" for name, why in not_run.items())
     summary_line = (f"{sum(refused.values())}/{len(refused)} cases refused"
                     f"{f' ({len(not_run)} not run)' if not_run else ''}, parameters unchanged "
                     f"in {sum(unchanged.values())}/{len(unchanged)}, worst rate under attack "
                     f"{worst:.2f}x" if worst is not None else "no rate measured")
+    if same_uid is not None:
+        summary_line += f"; the same flood by the job's own uid {same_uid:.2f}x"
     inputs = {"workers": WORKERS, "shards": SHARDS, "batch_size": BATCH, "dataset": "synthetic",
               "window_s": window_s, "flood_calls_per_shard": flood_calls,
               "euid": os.geteuid(), "nobody_python": SYSTEM_PYTHON}
