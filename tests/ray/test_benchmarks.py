@@ -218,6 +218,10 @@ def test_hostile(tmp_path):
         if name in figures["not_run"]:  # not root: nobody's flood is not run
             continue
         assert cases[name]["quiet_before"]["steps"] > 0 and cases[name]["rate_ratio"] >= 0
+    # The rate goal holds the floods by another uid and by minted tokens, not the job's own uid.
+    (rate_goal,) = [g for g in result["goals"] if g["description"].startswith("training rate")]
+    assert rate_goal["value"] == min(ratio for name, ratio in figures["rate_ratio"].items()
+                                     if name != "1_half_open_flood_same_uid")
 
 
 def test_embeddings(tmp_path):
