@@ -245,7 +245,16 @@ def test_ssp_and_async_recover_a_worker_dying_in_a_push_and_a_killed_shard_witho
     steps, workers = 8, 3
     run_dir = tmp_path / mode.name
     release = str(tmp_path / "release")
-    faults = Faults(holds=(Hold(rank=0, step=15, release=release),), die_in_push=(2, 7))
+    # A push's step is the version the worker computed on, and the hold must
+    # come while the others go on to checkpoint v12. Under SSP (staleness 1)
+    # worker 0's last push computes on v19 or later (the others are at most a
+    # clock behind it), and the others wait for a worker held early. In async
+    # nothing waits, and a worker 0 running ahead may push all its 8 steps
+    # before v15 (the run then ends without a hold): the 8th of its own pushes
+    # computes on v7 or later, so it holds there, and the others' 16 pushes
+    # reach v12 meanwhile.
+    hold_at = 15 if mode.name == "ssp" else 7
+    faults = Faults(holds=(Hold(rank=0, step=hold_at, release=release),), die_in_push=(2, 7))
     # A checkpoint every 2 global batches: 6 versions, one per push.
     config = replace(job(run_dir, steps=steps, mode=mode), checkpoint_every=2)
     run = Background(config, faults)
