@@ -93,10 +93,11 @@ def ray_session(address: str | None, num_cpus: int | None = None,
         # (local_system_config). Ray's processes towerps does not use are
         # left out (cluster/run/local_node.py).
         daemons_in_own_session()
-        try:
+
+        def start() -> object:
             with loopback_ray() as on_loopback, inherited_env(actor_env(verbose)), \
                     local_node(dashboard):
-                context = ray.init(
+                return ray.init(
                     address="local",
                     num_cpus=max(os.cpu_count() or 1, num_cpus or 1),
                     include_dashboard=dashboard,
@@ -104,15 +105,8 @@ def ray_session(address: str | None, num_cpus: int | None = None,
                     _system_config=local_system_config(),
                     **on_loopback,
                 )
-        except SystemExit as err:
-            # ray.init's own SIGTERM handler exits with the signal's number.
-            stop_local_ray()
-            if err.code == signal.SIGTERM:
-                raise Interrupted(signal.SIGTERM, "start-up") from None
-            raise
-        except BaseException:
-            stop_local_ray()  # interrupted mid-way: Ray may not know all it started
-            raise
+
+        context = start_local_ray(start)
         if dashboard:
             log.info("Ray dashboard at http://%s", context.dashboard_url)
     watch = DaemonWatch(local_daemons(), on_lost) if on_lost and not address else None
@@ -125,6 +119,44 @@ def ray_session(address: str | None, num_cpus: int | None = None,
             ray.shutdown()
         else:
             stop_local_ray()
+
+
+# What ray.init raises (a plain Exception) when its raylet has not
+# registered within Ray's fixed 30 s: on a busy machine the raylet's
+# dashboard agent can take longer than the raylet's own wait for its ports
+# to start, and the raylet exits (seen at load ~7, the agent 19 s to start).
+RAY_START_TIMED_OUT = "timed out during startup"
+START_ATTEMPTS = 2
+
+
+def start_local_ray(start: Callable[[], object], attempts: int = START_ATTEMPTS) -> object:
+    """`start()` (ray.init of a local cluster), once more after Ray's start-up
+    timed out, up to `attempts` times; whatever a failed attempt started is
+    ended first. ClusterError once every attempt timed out; any other
+    failure is raised as it came (SIGTERM during it: Interrupted)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except SystemExit as err:
+            # ray.init's own SIGTERM handler exits with the signal's number.
+            stop_local_ray()
+            if err.code == signal.SIGTERM:
+                raise Interrupted(signal.SIGTERM, "start-up") from None
+            raise
+        except BaseException as err:
+            stop_local_ray()  # interrupted mid-way: Ray may not know all it started
+            if RAY_START_TIMED_OUT not in str(err):
+                raise
+            if attempt < attempts:
+                log.warning("Ray's local node did not start within Ray's 30 s "
+                            "(a busy machine); starting it again")
+                continue
+            raise ClusterError(
+                f"Ray's local node did not start within Ray's 30 s, {attempts} times: the "
+                "machine is too busy for Ray's own start-up (its raylet log, under "
+                "/tmp/ray/session_latest/logs, says which process was late); run again "
+                "when it is less loaded") from None
+    raise AssertionError("unreachable")  # every attempt returns or raises
 
 
 class _OwnSessionPopen(services.ConsolePopen):

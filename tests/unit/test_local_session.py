@@ -2,7 +2,8 @@
 cluster/run/local_node.py), without starting one: the actors' variables in
 the environment for the block of `ray.init` only, Ray's API server left out
 unless the dashboard is asked for, no autoscaler monitor, the agent's HTTP
-port any free one, the dashboard's dependencies found, not imported.
+port any free one, the dashboard's dependencies found, not imported; a start
+that timed out in Ray made once more.
 tests/ray/test_local_session.py starts one and checks where the actors land."""
 
 import os
@@ -14,7 +15,9 @@ from ray._private import services
 
 from towerps.cluster.run import local_node as lean
 from towerps.cluster.run.local_node import api_server, local_node
-from towerps.cluster.run.session import IDLE_WORKER_KEPT_S, inherited_env, local_system_config
+from towerps.cluster.run.session import (IDLE_WORKER_KEPT_S, inherited_env, local_system_config,
+                                         start_local_ray)
+from towerps.errors import ClusterError
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +104,43 @@ def test_a_missing_dependency_is_named_so_the_agent_runs_minimal(monkeypatch):
     monkeypatch.setattr(lean, "DASHBOARD_MODULES", ("json", "towerps_no_such_module.sub"))
     error = lean.dashboard_dependency_error()
     assert isinstance(error, ImportError) and error.name == "towerps_no_such_module.sub"
+
+
+# Ray's own words when its raylet did not register within its 30 s (ray/_private/node.py).
+RAY_TIMED_OUT = ("The current node timed out during startup. This could happen because some "
+                 "of the raylet failed to startup or the GCS has become overloaded.")
+
+
+class Starts:
+    """A local cluster's start that fails as Ray's does, `failures` times, then starts."""
+
+    def __init__(self, failures: int, error: Exception | None = None):
+        self.failures, self.error, self.calls = failures, error, 0
+
+    def __call__(self):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error or Exception(RAY_TIMED_OUT)
+        return "context"
+
+
+def test_a_start_that_timed_out_is_made_once_more_and_said(caplog):
+    start = Starts(failures=1)
+    with caplog.at_level("WARNING", logger="towerps"):
+        assert start_local_ray(start) == "context"
+    assert start.calls == 2
+    assert "did not start within Ray's 30 s (a busy machine); starting it again" in caplog.text
+
+
+def test_a_start_that_timed_out_every_time_is_a_cluster_error_that_says_what_to_do():
+    start = Starts(failures=2)
+    with pytest.raises(ClusterError, match="did not start within Ray's 30 s, 2 times.*less loaded"):
+        start_local_ray(start)
+    assert start.calls == 2
+
+
+def test_any_other_failure_to_start_is_raised_at_once():
+    start = Starts(failures=1, error=ValueError("num_cpus must be positive"))
+    with pytest.raises(ValueError, match="num_cpus"):
+        start_local_ray(start)
+    assert start.calls == 1
