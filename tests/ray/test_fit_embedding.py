@@ -1,12 +1,16 @@
 """towerps.fit with a plain Keras Embedding: the run trains (the table's
 gradient and its pulls travel row-sparse) and ends where plain Keras, or one process
 averaging the workers' gradients, ends. A table large enough to be cut is
-spread over the shards by row id, checkpointed so and resumed bit for bit.
+spread over the shards by row id, checkpointed so and resumed bit for bit,
+and a shard killed mid-run comes back from its part to the same weights.
 
     .venv/bin/python -m pytest tests/ray/test_fit_embedding.py
 """
 
 import json
+import os
+import signal
+import threading
 
 import keras
 import numpy as np
@@ -14,10 +18,12 @@ import pytest
 
 import towerps
 from tests.models.own import EMBEDDING_IDS, embedding, embedding_data
+from tests.polling import wait_until
 from towerps.auth import read_token_file
 from towerps.cluster.api.cli import main
 from towerps.ps.checkpoint import CheckpointStore, checkpoint_key
 from towerps.sparse import RowSparse
+from towerps.testing import Faults, Hold, injected
 from towerps.workers import Tower
 from towerps.workers.inputs import ArrayData
 from towerps.workers.variables import ModelVariables
@@ -25,6 +31,7 @@ from towerps.workers.variables import ModelVariables
 pytestmark = pytest.mark.ray
 
 STEPS, BATCH, SEED = 4, 32, 3
+TIMEOUT_S = 600.0
 
 
 def build_adam():
@@ -164,3 +171,38 @@ def test_a_checkpoint_of_two_shards_resumes_on_three_to_the_whole_runs_weights(
     resumed = keras.models.load_model(again / "model.keras")
     for a, b in zip(uninterrupted.optimizer.variables, resumed.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_shard_killed_mid_run_comes_back_and_the_table_run_ends_as_the_whole_one(
+        uninterrupted, tmp_path):
+    """Shard 1, which holds the table's odd ids, SIGKILLed while worker 0
+    holds before step 4 (checkpoint 4 complete): a new shard 1 starts from
+    its part of checkpoint 4, shard 0 goes back to it, and the run ends with
+    the uninterrupted run's weights, bit for bit, the one recovery in
+    summary.json."""
+    run_dir, release = tmp_path / "killed", str(tmp_path / "release")
+    faults = Faults(holds=(Hold(rank=0, step=4, release=release),))
+    outcome = {}
+
+    def run():
+        with injected(faults):
+            outcome["status"] = main(["train", *WIDE, "--num-ps", "2", "--steps", "6",
+                                      "--run-dir", str(run_dir)])
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    manifest = run_dir / "checkpoints" / "v0000000004" / "MANIFEST.json"
+    wait_until(lambda: os.path.exists(release + ".held") and manifest.exists(), TIMEOUT_S,
+               "worker 0 held and checkpoint 4")
+    placed = json.loads((run_dir / "placement.json").read_text())
+    (shard_1,) = [r["pid"] for r in placed if (r["role"], r["index"]) == ("ps", 1)]
+    os.kill(shard_1, signal.SIGKILL)
+    open(release, "w").close()
+    thread.join(TIMEOUT_S)
+    assert not thread.is_alive() and outcome["status"] == 0
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(r["role"], r["index"], r["resumed_from"]) for r in summary["recoveries"]] == [
+        ("ps", 1, 4)]
+    assert summary["steps"] == 6
+    assert_same_weights(uninterrupted, run_dir)
