@@ -50,6 +50,13 @@ class Observer:
         pass
 
 
+def rows_of(report) -> int | None:
+    """The worker's rows of the latest global batch it computed on: its share,
+    which moves under `--batch-split measured` and after a node's loss (None:
+    no step yet)."""
+    return report.recent_steps[-1][1] if report.recent_steps else None
+
+
 def start_of(report):
     """A worker's figures at its start: what its first report is measured from,
     so a run too short for a second report still plots one point per worker."""
@@ -116,7 +123,7 @@ class WorkersFile(Observer):
                 "examples": f.examples, "version": f.version, "pull_s": f.pull_s,
                 "compute_s": f.compute_s, "push_s": f.push_s, "bytes_sent": f.bytes_sent,
                 "bytes_received": f.bytes_received, "pushes_dropped": f.pushes_dropped,
-                "at_s": f.at_s, "examples_per_s": rate,
+                "at_s": f.at_s, "examples_per_s": rate, "rows": rows_of(f),
             }
         self._write(finished=False)
 

@@ -16,7 +16,8 @@ cluster: the head node, where the driver writes it). Two sources:
            step, the rows and MB it served, and the hottest shard's share;
   workers  workers.json, which the driver rewrites about every second with
            each worker's figures (cluster/observe/observers.py): step, examples/s,
-           device, where its steps' time goes, alive or not. A file the
+           device, where its steps' time goes, its rows of the latest global
+           batch (its share, which `--batch-split measured` moves), alive or not. A file the
            driver stopped rewriting (its process is gone) shows as "silent".
 
 A component is down when a shard does not answer or refuses the
@@ -156,7 +157,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
     lines += _refusal_rows(shards)
     healthy = all(s.up for s in shards) or finished
     lines.append(f"{'worker':<7}{'node':<16}{'device':<10}{'state':<9}{'step':>7}{'ex/s':>8}"
-                 f"{'pull ms':>9}{'compute ms':>11}{'push ms':>9}{'MB moved':>10}")
+                 f"{'pull ms':>9}{'compute ms':>11}{'push ms':>9}{'MB moved':>10}{'rows':>6}")
     for w in (workers or {}).get("workers", []):
         alive = w.get("alive", False) and not silent
         state = "done" if finished and alive else "alive" if alive else (
@@ -169,7 +170,8 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
             f"{printable(','.join(map(str, w.get('devices') or ['?']))):<10}"
             f"{state:<9}{w.get('steps', 0):>7}{w.get('examples_per_s', 0.0):>8.0f}"
             f"{per_step[0]:>9}{per_step[1]:>11}{per_step[2]:>9}"
-            f"{(w.get('bytes_sent', 0) + w.get('bytes_received', 0)) / 1e6:>10.1f}")
+            f"{(w.get('bytes_sent', 0) + w.get('bytes_received', 0)) / 1e6:>10.1f}"
+            f"{printable(w.get('rows') if w.get('rows') is not None else '-'):>6}")
     if workers is None:
         lines.append("(no workers.json yet: the workers are still starting)")
     elif silent:

@@ -17,6 +17,8 @@ The x axis of every plot is the shards' version (the training step). Written:
                                            since the previous report (pull includes
                                            waiting for the step; push, ssp's gate)
     workers/<rank>/examples_per_s, workers/<rank>/wire_mb
+    workers/<rank>/rows                    its rows of the latest global batch (its
+                                           share; moves with --batch-split measured)
     shards/<k>/pushes_applied, pushes_dropped, pushes_rejected, pushes_duplicate
     shards/<k>/pushes_per_s, pulls_waiting the shard's own figures (ps/stats.py)
     shards/<k>/received_mb_per_s,          since the previous report: pushes in,
@@ -35,7 +37,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from towerps.cluster.observe.observers import Observer, ShardFigures, start_of
+from towerps.cluster.observe.observers import Observer, ShardFigures, rows_of, start_of
 from towerps.private import FILE_MODE, make_private_dir
 
 # metrics.jsonl's table figures and their TensorBoard tags.
@@ -96,6 +98,8 @@ class TensorBoard(Observer):
                                       (now.examples - before.examples) / elapsed)
                 tf.summary.scalar(f"{tag}/wire_mb",
                                   (now.bytes_sent + now.bytes_received) / 1e6)
+                if rows_of(now) is not None:
+                    tf.summary.scalar(f"{tag}/rows", rows_of(now))
 
     def shards(self, version: int, counters: list) -> None:
         figures = self._shard_figures.update(counters)

@@ -94,5 +94,8 @@ def test_a_slow_worker_gets_fewer_rows_and_a_replay_after_a_death_keeps_parity(
     # What --resume reads back: the same plans.
     saved = json.loads((tmp_path / "run" / "batch_split.json").read_text())
     assert saved["history"] == plans and saved["plans"] == plans
+    # What `towerps status` shows: each worker's rows of its last step, the last plan's.
+    workers = json.loads((tmp_path / "run" / "workers.json").read_text())["workers"]
+    assert [w["rows"] for w in workers] == slow
     # The same global batches in this process, whole: the weights agree.
     assert_one_process_weights(tmp_path / "run")

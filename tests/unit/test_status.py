@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -40,6 +41,19 @@ def test_the_workers_file_holds_the_latest_figures_and_rates(tmp_path):
     figures.close()
     state = read_workers_file(str(tmp_path))
     assert state["finished"] and [w["alive"] for w in state["workers"]] == [True, False]
+
+
+def test_each_workers_rows_of_its_latest_batch_are_in_the_file_and_the_table(tmp_path):
+    """A worker's share of the global batch (`--batch-split measured` moves
+    it): the rows of its latest step, from its report; "-" before its first."""
+    figures = WorkersFile(str(tmp_path), PLACEMENT)
+    figures.workers(10, [replace(report(0, 10, 100.0), recent_steps=((8, 24, 0.1), (9, 40, 0.2))),
+                         replace(report(1, 0, 100.0), steps=0)])
+    workers = read_workers_file(str(tmp_path))
+    assert [w["rows"] for w in workers["workers"]] == [40, None]
+    table, _ = render("runs/x", [], workers, None, workers["updated_at_s"])
+    header, zero, one = table.splitlines()[-3:]
+    assert header.split()[-1] == "rows" and zero.split()[-1] == "40" and one.split()[-1] == "-"
 
 
 def test_the_table_says_who_is_down(tmp_path):

@@ -96,3 +96,21 @@ def test_a_record_s_table_figures_are_plotted_only_with_tables(tmp_path):
     assert series["tables/rows_touched_per_step"] == [(2, 120.0)]
     assert series["tables/hottest_shard_share"] == [(2, 0.5)]
     assert series["tables/hottest_shard_bytes_share"] == [(2, 0.75)]
+
+
+def test_each_workers_rows_of_its_latest_batch_are_plotted_as_they_move(tmp_path):
+    """A measured split moves rows between workers: each report's latest step
+    (recent_steps: version, examples, compute seconds) gives the worker's rows."""
+    board = TensorBoard(str(tmp_path))
+    board.workers(10, [WorkerReport(0, steps=10, examples=240, at_s=1.0,
+                                    recent_steps=((9, 24, 0.1),)),
+                       WorkerReport(1, steps=10, examples=240, at_s=1.0,
+                                    recent_steps=((9, 24, 0.3),))])
+    board.workers(20, [WorkerReport(0, steps=20, examples=600, at_s=2.0,
+                                    recent_steps=((18, 24, 0.1), (19, 36, 0.15))),
+                       WorkerReport(1, steps=20, examples=360, at_s=2.0,
+                                    recent_steps=((18, 24, 0.3), (19, 12, 0.15)))])
+    board.close()
+    series = _scalars(tmp_path)
+    assert series["workers/0/rows"] == [(10, 24.0), (20, 36.0)]
+    assert series["workers/1/rows"] == [(10, 24.0), (20, 12.0)]
