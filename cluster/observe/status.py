@@ -17,8 +17,9 @@ cluster: the head node, where the driver writes it). Two sources:
   workers  workers.json, which the driver rewrites about every second with
            each worker's figures (cluster/observe/observers.py): step, examples/s,
            device, where its steps' time goes, its rows of the latest global
-           batch (its share, which `--batch-split measured` moves), alive or not. A file the
-           driver stopped rewriting (its process is gone) shows as "silent".
+           batch (its share, which `--batch-split measured` moves), alive or
+           not. A file the driver stopped rewriting (its process is gone)
+           shows as "silent".
 
 A component is down when a shard does not answer or refuses the
 credentials, or a worker is silent, while the run goes on; a worker that
