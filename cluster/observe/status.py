@@ -172,7 +172,7 @@ def render(run_dir: str, shards: list[ShardState], workers: dict | None,
             f"{state:<9}{w.get('steps', 0):>7}{w.get('examples_per_s', 0.0):>8.0f}"
             f"{per_step[0]:>9}{per_step[1]:>11}{per_step[2]:>9}"
             f"{(w.get('bytes_sent', 0) + w.get('bytes_received', 0)) / 1e6:>10.1f}"
-            f"{printable(w.get('rows') if w.get('rows') is not None else '-'):>6}")
+            f"{printable(w.get('rows') or '-'):>6}")  # None: no step yet
     if workers is None:
         lines.append("(no workers.json yet: the workers are still starting)")
     elif silent:

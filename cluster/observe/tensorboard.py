@@ -98,8 +98,9 @@ class TensorBoard(Observer):
                                       (now.examples - before.examples) / elapsed)
                 tf.summary.scalar(f"{tag}/wire_mb",
                                   (now.bytes_sent + now.bytes_received) / 1e6)
-                if rows_of(now) is not None:
-                    tf.summary.scalar(f"{tag}/rows", rows_of(now))
+                rows = rows_of(now)
+                if rows is not None:
+                    tf.summary.scalar(f"{tag}/rows", rows)
 
     def shards(self, version: int, counters: list) -> None:
         figures = self._shard_figures.update(counters)

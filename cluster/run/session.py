@@ -131,7 +131,7 @@ START_ATTEMPTS = 2
 
 def start_local_ray(start: Callable[[], object], attempts: int = START_ATTEMPTS) -> object:
     """`start()` (ray.init of a local cluster), once more after Ray's start-up
-    timed out, up to `attempts` times; whatever a failed attempt started is
+    timed out, up to `attempts` (1 or more) times; whatever a failed attempt started is
     ended first. ClusterError once every attempt timed out; any other
     failure is raised as it came (SIGTERM during it: Interrupted)."""
     for attempt in range(1, attempts + 1):
@@ -156,7 +156,6 @@ def start_local_ray(start: Callable[[], object], attempts: int = START_ATTEMPTS)
                 "machine is too busy for Ray's own start-up (its raylet log, under "
                 "/tmp/ray/session_latest/logs, says which process was late); run again "
                 "when it is less loaded") from None
-    raise AssertionError("unreachable")  # every attempt returns or raises
 
 
 class _OwnSessionPopen(services.ConsolePopen):
